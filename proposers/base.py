@@ -1,0 +1,116 @@
+"""The proposer contract: what a drafting algorithm sees and returns each step.
+
+Modelled on vLLM's own proposers (``vllm/v1/spec_decode/ngram_proposer.py``:
+one job, ragged ``list[list[int]]`` drafts, per-request state dropped when the
+request finishes) and on transformers' ``candidate_generator.py`` (feedback
+after every verification is part of the contract: ``observe``). Nothing here
+imports vLLM; ``vllm_selfspec.drafter`` translates the runner's state into these
+types.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Protocol
+
+import numpy as np
+import torch
+
+from .skip_mask import SkipMask
+
+
+@dataclass
+class DraftRequest:
+    """One running request that may draft after this step."""
+
+    row: int  # row in the runner's batch (index into DraftBatch.req_ids)
+    req_id: str
+    position: int  # position of the newest token; KV exists for positions < this
+    token: int  # the newest token (accepted or bonus), not yet in the KV cache
+    max_len: int  # most drafts allowed for this request now (<= K)
+    temperature: float = 0.0  # 0 = greedy verification
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+
+
+@dataclass
+class DraftBatch:
+    req_ids: list[str]  # every row of the runner's batch, in row order
+    requests: list[DraftRequest]  # the rows that may draft
+    token_ids: np.ndarray | None = None  # [rows, max_len] token ids (prompt + output)
+    num_tokens: np.ndarray | None = None  # [rows] valid length of token_ids per row
+
+
+@dataclass
+class Verification:
+    """Outcome of verifying one request's draft (vLLM's scheduled spec tokens)."""
+
+    req_id: str
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class Proposal:
+    drafts: list[list[int]]  # one (possibly empty) list per batch row
+    # q for sampled drafts: [rows, K, V] float32, rows as DraftBatch.req_ids;
+    # None when every draft is an argmax (vLLM then treats drafts as one-hot).
+    probs: torch.Tensor | None = None
+
+
+class LayerSkipTarget(Protocol):
+    """The target model seen by self-speculative drafters (vllm_selfspec.target)."""
+
+    num_layers: int
+    vocab_size: int
+    device: torch.device
+
+    def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   mask: SkipMask, draft_index: int) -> torch.Tensor:
+        """Run ``tokens`` at ``positions`` through the sub-layers ``mask`` keeps,
+        writing their KV at those positions, and return logits [n, V]."""
+        ...
+
+
+class Proposer(ABC):
+    """A drafting algorithm. Subclasses name the paper section they follow."""
+
+    # The drafter writes draft KV into the target's paged cache (needs vLLM to
+    # reserve lookahead slots).
+    writes_target_kv: ClassVar[bool] = False
+    # The drafter runs the target's own layers (needs the runner bridge).
+    uses_target: ClassVar[bool] = False
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        self.k = num_speculative_tokens
+        self.options = dict(options)
+        self.stats: dict[str, float] = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
+
+    def bind(self, target: Any) -> None:
+        """Receive the target view once the model is loaded."""
+
+    @abstractmethod
+    def propose(self, batch: DraftBatch) -> Proposal: ...
+
+    def observe(self, results: list[Verification]) -> None:
+        """Feedback from the verification of the previous step's drafts."""
+        for r in results:
+            self.stats["drafts"] += 1
+            self.stats["drafted"] += r.drafted
+            self.stats["accepted"] += r.accepted
+
+    def finish(self, req_ids: set[str]) -> None:
+        """Drop state of finished requests."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+@dataclass
+class ProposerInfo:
+    """How the glue announces a proposer (name, one-line summary)."""
+
+    name: str
+    summary: str
+    extra: dict[str, Any] = field(default_factory=dict)

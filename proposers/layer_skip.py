@@ -1,0 +1,103 @@
+"""Draft & Verify (Zhang et al., ACL 2024): self-speculative drafting by skipping
+sub-layers of the target model itself.
+
+§3.2, Algorithm 2/3: the draft model is p(x | z*, x_1..x_j), the target with the
+attention and MLP sub-layers in the skip mask z* bypassed; it drafts
+autoregressively through the target's own layers (and, in vLLM, its own paged
+KV cache: the glue writes draft KV at the draft positions only).
+§3.4: drafting stops when the draft's top-1 probability falls under the adaptive
+draft-exit threshold γ (proposers.draft_exit). As in Algorithm 3, the token that
+fell under γ is still proposed, then drafting stops.
+Appendix K, Algorithm 4: with sampling, drafts are drawn from q and q is handed
+to vLLM's rejection sampler.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
+from .draft_exit import DraftExitConfig, DraftExitController
+from .sampling import choose_tokens
+from .skip_mask import SkipMask
+
+
+class SelfSpecProposer(Proposer):
+    """Method ``selfspec``: a fixed skip mask (searched offline) + adaptive draft exit."""
+
+    writes_target_kv = True
+    uses_target = True
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        super().__init__(num_speculative_tokens, options)
+        self.exit = DraftExitController(DraftExitConfig(
+            threshold=float(options.get("draft_exit_threshold", 0.6)),
+            target_acceptance=float(options.get("target_acceptance", 0.90)),
+            step=float(options.get("threshold_step", 0.01)),
+            beta1=float(options.get("beta1", 0.5)),
+            beta2=float(options.get("beta2", 0.9)),
+            adaptive=bool(options.get("adaptive_threshold", True)),
+        ))
+        self.sample_drafts = options.get("draft_sample_method", "probabilistic") == "probabilistic"
+        self.mask: SkipMask = options.get("mask") or SkipMask()
+        self.target: LayerSkipTarget | None = None
+        self.generator: torch.Generator | None = None
+
+    def bind(self, target: LayerSkipTarget) -> None:
+        self.target = target
+        self.generator = torch.Generator(device=target.device)
+        self.generator.manual_seed(int(self.options.get("seed", 0)))
+
+    def set_mask(self, mask: SkipMask) -> None:
+        """Switch the skip mask between steps (tools/search_mask.py --objective measured)."""
+        self.mask = mask
+
+    def describe(self) -> str:
+        return f"selfspec: {self.mask.describe()}, draft-exit threshold {self.exit.threshold:.2f}"
+
+    def observe(self, results: list[Verification]) -> None:
+        super().observe(results)
+        for r in results:
+            self.exit.observe(r.drafted, r.accepted, reached_max=r.drafted >= self.k)
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        assert self.target is not None, "bind() was not called"
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        reqs = [r for r in batch.requests if r.max_len > 0]
+        if not reqs:
+            return Proposal(drafts)
+        self.stats["steps"] += 1
+        dev = self.target.device
+        rows = torch.tensor([r.row for r in reqs], device=dev)
+        tokens = torch.tensor([r.token for r in reqs], device=dev)
+        positions = torch.tensor([r.position for r in reqs], device=dev)
+        max_len = torch.tensor([min(r.max_len, self.k) for r in reqs], device=dev)
+        temperature = torch.tensor([r.temperature for r in reqs], device=dev)
+        sampled = (temperature > 0) & self.sample_drafts
+        any_sampled = bool(sampled.any())
+        top_k = torch.tensor([r.top_k for r in reqs], device=dev) if any_sampled else None
+        top_p = torch.tensor([r.top_p for r in reqs], device=dev) if any_sampled else None
+        probs = (torch.zeros(len(batch.req_ids), self.k, self.target.vocab_size, device=dev)
+                 if any_sampled else None)
+
+        active = torch.arange(len(reqs), device=dev)
+        for d in range(self.k):
+            logits = self.target.draft_step(rows[active], tokens[active], positions[active] + d,
+                                            self.mask, d)
+            nxt, conf, q = choose_tokens(
+                logits, sampled[active], temperature[active],
+                None if top_k is None else top_k[active],
+                None if top_p is None else top_p[active], self.generator)
+            for i, t in zip(rows[active].tolist(), nxt.tolist()):
+                drafts[i].append(t)
+            if probs is not None and q is not None:
+                probs[rows[active], d] = q
+            keep = (conf >= self.exit.threshold) & (d + 1 < max_len[active])
+            tokens[active] = nxt
+            active = active[keep]
+            if active.numel() == 0:
+                break
+        return Proposal(drafts, probs)

@@ -1,0 +1,96 @@
+"""Per-architecture access to the target's embedding, decoder layers, norm and head.
+
+The adapter runs the residual stream the way vLLM's own decoder layers do
+(``vllm/model_executor/models/llama.py: LlamaDecoderLayer.forward`` and
+``LlamaModel.forward``: fused add+RMSNorm carrying ``residual``), but with each
+attention and MLP sub-block optional, so Draft & Verify's skip mask (§3.2) can
+bypass them separately. With nothing skipped it performs exactly the target's
+operations, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+# Pre-norm decoders whose layers are (input_layernorm, self_attn, post_attention_layernorm,
+# mlp) with vLLM's fused residual RMSNorm. Mistral's layer adds an optional
+# ada-RMSNorm conditioning, which must be off.
+PRENORM_DECODERS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = PRENORM_DECODERS
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+class PreNormDecoderAdapter:
+    """Embedding -> layers (sub-blocks optional) -> final norm -> LM head."""
+
+    def __init__(self, target: nn.Module) -> None:
+        lm = target.get_language_model() if hasattr(target, "get_language_model") else target
+        inner = getattr(lm, "model", None)
+        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "norm"):
+            raise UnsupportedModelError(f"{type(target).__name__}: no .model.layers/.model.norm")
+        self.lm = lm
+        self.inner = inner
+        self.layers = list(inner.layers)
+        for i, layer in enumerate(self.layers):
+            for part in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"):
+                if not hasattr(layer, part):
+                    raise UnsupportedModelError(f"layer {i} of {type(target).__name__} has no {part}")
+            if getattr(layer, "ada_rms_norm_t_cond", None) is not None:
+                raise UnsupportedModelError("Mistral layers with ada-RMSNorm conditioning")
+        self.attn_layer_names = [layer.self_attn.attn.layer_name for layer in self.layers]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.inner.embed_input_ids(tokens)
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor,
+            skip_attention: Iterable[int] | frozenset[int],
+            skip_mlp: Iterable[int] | frozenset[int]) -> torch.Tensor:
+        """Residual stream through the kept sub-layers, then the final norm."""
+        residual: torch.Tensor | None = None
+        h = hidden
+        for i, layer in enumerate(self.layers):
+            if i not in skip_attention:
+                if residual is None:
+                    residual, h = h, layer.input_layernorm(h)
+                else:
+                    h, residual = layer.input_layernorm(h, residual)
+                h = layer.self_attn(positions=positions, hidden_states=h)
+            if i not in skip_mlp:
+                if residual is None:
+                    residual, h = h, layer.post_attention_layernorm(h)
+                else:
+                    h, residual = layer.post_attention_layernorm(h, residual)
+                h = layer.mlp(h)
+        if residual is None:
+            return self.inner.norm(h)
+        h, _ = self.inner.norm(h, residual)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm.compute_logits(hidden)
+
+    def named_fingerprint_tensors(self) -> list[torch.Tensor]:
+        """The tensors of proposers.artifacts.FINGERPRINT_TENSORS, from the live model."""
+        return [self.inner.norm.weight, self.layers[0].input_layernorm.weight,
+                self.layers[-1].post_attention_layernorm.weight]
+
+
+def make_adapter(target: nn.Module, architecture: str) -> PreNormDecoderAdapter:
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(architecture)
+    return PreNormDecoderAdapter(target)
+
+
+def describe_supported() -> str:
+    return ", ".join(SUPPORTED_ARCHITECTURES)

@@ -1,0 +1,82 @@
+"""The runner bridge: what our drafter sees of one engine step, in proposer terms.
+
+``DraftContext`` carries the arguments of ``GPUModelRunner.propose_draft_token_ids``
+(vLLM 0.32 ``gpu_model_runner.py:4748``; same in 0.33) plus the batch's request
+ids, captured before anything can reorder the batch. ``read_feedback`` and
+``draft_requests`` turn runner state into ``proposers.base`` types; they run after
+vLLM's bookkeeping (the custom_class path drafts after ``_bookkeeping_sync``), so
+``input_batch.token_ids_cpu`` and ``num_tokens_no_spec`` already include this
+step's accepted and bonus tokens (design note §1.4, §6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_selfspec.proposers.base import DraftRequest, Verification
+
+GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampling_params.py)
+
+
+@dataclass
+class DraftContext:
+    scheduler_output: Any
+    sampled_token_ids: list[list[int]]  # per batch row: accepted + bonus ([] = no new token)
+    sampling_metadata: Any
+    hidden_states: Any
+    sample_hidden_states: Any
+    spec_decode_metadata: Any
+    common_attn_metadata: Any
+    req_ids: list[str]
+
+
+def read_feedback(ctx: DraftContext) -> list[Verification]:
+    """Acceptance of the drafts verified this step (design note §6): the scheduled
+    spec tokens are the truth (the scheduler may have trimmed our proposal)."""
+    scheduled = getattr(ctx.scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+    out = []
+    for row, req_id in enumerate(ctx.req_ids):
+        drafted = scheduled.get(req_id)
+        if not drafted:
+            continue
+        emitted = ctx.sampled_token_ids[row] if row < len(ctx.sampled_token_ids) else []
+        if not emitted:
+            continue  # discarded row (e.g. preempted); no verdict
+        out.append(Verification(req_id, len(drafted), max(0, len(emitted) - 1)))
+    return out
+
+
+def draft_requests(runner: Any, ctx: DraftContext, k: int) -> list[DraftRequest]:
+    """The rows that may draft now, with their position, newest token and limits."""
+    batch = runner.input_batch
+    num_tokens = batch.num_tokens_no_spec
+    token_ids = batch.token_ids_cpu
+    max_model_len = runner.max_model_len
+    out = []
+    for row, req_id in enumerate(ctx.req_ids):
+        if row >= len(ctx.sampled_token_ids) or not ctx.sampled_token_ids[row]:
+            continue  # partial prefill or discarded: nothing new to draft from
+        state = runner.requests.get(req_id)
+        sp = getattr(state, "sampling_params", None)
+        if sp is None:
+            continue  # pooling request
+        position = int(num_tokens[row]) - 1
+        token = int(token_ids[row, position])
+        n_out = len(state.output_token_ids)
+        limit = k
+        if sp.max_tokens is not None:
+            limit = min(limit, sp.max_tokens - n_out - 1)  # the bonus token needs one
+        limit = min(limit, max_model_len - 1 - position)
+        if (not sp.ignore_eos and n_out >= (sp.min_tokens or 0)
+                and token in sp.all_stop_token_ids):
+            limit = 0  # the request ends with this token
+        if limit <= 0:
+            continue
+        greedy = sp.temperature < GREEDY_EPS
+        out.append(DraftRequest(
+            row=row, req_id=req_id, position=position, token=token, max_len=limit,
+            temperature=0.0 if greedy else float(sp.temperature),
+            top_k=int(sp.top_k) if sp.top_k and sp.top_k > 0 else 0,
+            top_p=float(sp.top_p)))
+    return out

@@ -1,0 +1,143 @@
+"""The object vLLM instantiates for our methods (``method="custom_class"``).
+
+vLLM's contract (``vllm/v1/spec_decode/custom_class_proposer.py``): constructed
+with the VllmConfig only, in the worker; ``load_model(target)`` (required on CPU,
+``cpu_model_runner.py:74-76``); ``propose(...)``. Through the runner bridge (P3)
+vLLM calls ``propose_with_runner(runner, ctx)`` instead, which feeds acceptance
+back to the proposer, builds the batch of rows that may draft, and returns the
+drafts (ragged lists) and draft probabilities.
+
+A failure inside a draft step never takes the engine down: it is logged once
+(with its traceback) and that step drafts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from vllm_selfspec import methods
+from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
+from vllm_selfspec.log import log_once, logger
+from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
+
+STATS_INTERVAL_S = 30.0
+
+
+def safe_propose(proposer: Proposer, batch: DraftBatch) -> Proposal:
+    """``proposer.propose(batch)``, or no drafts if it raises (logged once)."""
+    try:
+        proposal = proposer.propose(batch)
+        if len(proposal.drafts) != len(batch.req_ids):
+            raise RuntimeError(f"{len(proposal.drafts)} draft rows for {len(batch.req_ids)} requests")
+        return proposal
+    except Exception as e:  # noqa: BLE001 - a draft step must never crash the engine
+        proposer.stats["failures"] = proposer.stats.get("failures", 0) + 1
+        log_once(logging.ERROR, f"draft-failure-{id(proposer)}",
+                 "vllm_selfspec: a draft step failed (%s: %s); that step drafts nothing and "
+                 "decoding goes on. Further failures are counted in the stats, not logged.",
+                 type(e).__name__, e, exc_info=True)
+        return Proposal([[] for _ in batch.req_ids])
+
+
+class PluginDrafter:
+    """One per worker. Holds the proposer (the paper's algorithm) and its target view."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        from vllm_selfspec import patches
+        from vllm_selfspec.plugin import plugin_options, proposer_class
+
+        opts = plugin_options(vllm_config)
+        if opts is None:
+            raise RuntimeError("vllm_selfspec.drafter.PluginDrafter is set up by the plugin; use "
+                               "speculative_config={'method': 'selfspec', ...}")
+        self.vllm_config = vllm_config
+        self.opts = dict(opts)
+        self.method = methods.METHODS[opts["method"]]
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        cls = proposer_class(self.method)
+        kwargs = dict(opts)
+        if "mask" in opts:
+            from vllm_selfspec.masks import mask_from_opts
+
+            kwargs["mask"] = mask_from_opts(opts["mask"])
+        self.proposer: Proposer = cls(self.k, kwargs)
+        self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
+        self._view: Any = None
+        self._last_stats = time.monotonic()
+        patches.patch_runner_bridge()
+        if self.method.name == "selfspec":
+            patches.patch_cpu_expand()  # in case the platform registered kernels before us
+
+    # ---- vLLM custom_class contract -------------------------------------------------
+    def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:
+        self.target_model = target_model
+        if self.proposer.uses_target:
+            from vllm_selfspec.adapters import make_adapter
+            from vllm_selfspec.proposers.artifacts import ModelStamp, check_stamp, weights_fingerprint
+            from vllm_selfspec.proposers.skip_mask import SEARCH_REMEDY
+
+            stamp = ModelStamp.from_json(self.opts["model_stamp"])
+            self.adapter = make_adapter(target_model, stamp.architecture)
+            if not stamp.fingerprint:
+                # Hub model not on disk at start-up: check a stamped mask now.
+                live = ModelStamp(stamp.architecture, stamp.num_layers, stamp.hidden_size,
+                                  stamp.vocab_size,
+                                  weights_fingerprint(self.adapter.named_fingerprint_tensors()))
+                meta = (self.opts.get("mask") or {}).get("metadata") or {}
+                if isinstance(meta.get("model"), dict):
+                    check_stamp("skip mask", self.opts["mask"].get("source", ""),
+                                ModelStamp.from_json(meta["model"]), live, SEARCH_REMEDY)
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
+                token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
+        """Plain custom_class path, used only if the runner bridge is missing."""
+        log_once(logging.WARNING, "no-bridge", "vllm_selfspec: the runner bridge is not active; "
+                 "drafting nothing")
+        return [[] for _ in sampled_token_ids]
+
+    # ---- runner bridge (P3) ---------------------------------------------------------
+    def _target_view(self, runner: Any) -> Any:
+        if self._view is None and self.proposer.uses_target:
+            from vllm_selfspec.target import TargetView
+
+            self._view = TargetView(runner, self.adapter)
+            self.proposer.bind(self._view)
+            logger.info("vllm_selfspec: %s", self.proposer.describe())
+        return self._view
+
+    @torch.inference_mode()
+    def propose_with_runner(self, runner: Any, ctx: DraftContext
+                            ) -> tuple[list[list[int]], torch.Tensor | None]:
+        finished = getattr(ctx.scheduler_output, "finished_req_ids", None)
+        try:
+            self.proposer.observe(read_feedback(ctx))
+            if finished:
+                self.proposer.finish(set(finished))
+            view = self._target_view(runner)
+            if view is not None:
+                view.begin_step(ctx.common_attn_metadata)
+            batch = DraftBatch(req_ids=ctx.req_ids, requests=draft_requests(runner, ctx, self.k),
+                               token_ids=runner.input_batch.token_ids_cpu,
+                               num_tokens=runner.input_batch.num_tokens_no_spec)
+        except Exception as e:  # noqa: BLE001
+            log_once(logging.ERROR, f"draft-setup-{id(self)}", "vllm_selfspec: preparing a draft "
+                     "step failed (%s: %s); drafting nothing for this step.", type(e).__name__, e,
+                     exc_info=True)
+            return [[] for _ in ctx.req_ids], None
+        proposal = safe_propose(self.proposer, batch)
+        self._maybe_log_stats()
+        return proposal.drafts, proposal.probs
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        s = self.proposer.stats
+        rate = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
+        logger.info("vllm_selfspec: %s | drafts %d, drafted %d, accepted %d (%.1f%%)",
+                    self.proposer.describe(), s["drafts"], s["drafted"], s["accepted"], 100 * rate)

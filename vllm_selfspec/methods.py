@@ -1,0 +1,183 @@
+"""Method names, aliases, per-method defaults, and validation of user keys.
+
+``{"method": "selfspec", ...}`` in ``--speculative-config`` is split (patches.P1)
+into vLLM's own keys, which stay in the speculative config, and the plugin's
+keys, which are validated here and travel to every process in
+``VllmConfig.additional_config["vllm_selfspec"]``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+PLUGIN_KEY = "vllm_selfspec"
+DRAFTER_CLASS = "vllm_selfspec.drafter.PluginDrafter"
+
+# vLLM SpeculativeConfig keys that keep their meaning with our methods.
+CORE_KEYS = frozenset({
+    "num_speculative_tokens", "draft_sample_method", "rejection_sample_method",
+    "max_model_len", "enforce_eager", "disable_padded_drafter_batch",
+})
+# vLLM keys that make no sense with a self-speculative plugin method.
+FOREIGN_CORE_KEYS = frozenset({
+    "model", "draft_tensor_parallel_size", "quantization", "revision", "code_revision",
+    "prompt_lookup_max", "prompt_lookup_min", "num_speculative_tokens_per_batch_size",
+    "parallel_drafting", "use_heterogeneous_vocab", "attention_backend", "kv_cache_dtype",
+})
+
+
+class SelfSpecConfigError(ValueError):
+    """A speculative config the plugin cannot run; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    default: Any
+    help: str
+    kind: str  # "float", "int", "bool", "str", "mask"
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[Any, ...] | None = None
+    symbol: str = ""  # the paper's symbol, for the README table
+
+    def range_text(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.low is None and self.high is None:
+            return {"float": "a number", "int": "an integer", "bool": "true or false",
+                    "str": "a string", "mask": "a file path or {\"attention\": [...], \"mlp\": [...]}"}[self.kind]
+        lo = "(" if self.low_open else "["
+        hi = ")" if self.high_open else "]"
+        what = "an integer" if self.kind == "int" else "a number"
+        return f"{what} in {lo}{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}{hi}"
+
+    def validate(self, method: str, value: Any) -> Any:
+        def fail() -> SelfSpecConfigError:
+            return SelfSpecConfigError(
+                f"vllm_selfspec: key '{self.name}' of method '{method}' must be {self.range_text()}, got {value!r}")
+        if value is None:
+            if self.default is None:
+                return None
+            raise fail()
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise fail()
+            return value
+        if self.kind in ("float", "int"):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise fail()
+            if self.kind == "int" and not float(value).is_integer():
+                raise fail()
+            v = int(value) if self.kind == "int" else float(value)
+            if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+                raise fail()
+            if self.high is not None and (v > self.high or (self.high_open and v == self.high)):
+                raise fail()
+            return v
+        if self.kind == "str":
+            if not isinstance(value, str) or (self.choices and value not in self.choices):
+                raise fail()
+            return value
+        if self.kind == "mask":
+            if not isinstance(value, (str, Mapping)):
+                raise fail()
+            return value
+        raise AssertionError(self.kind)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    aliases: tuple[str, ...]
+    proposer: str  # "module:Class" of the algorithm (vllm_selfspec.proposers.*)
+    default_k: int
+    keys: tuple[Key, ...]
+    summary: str
+
+    def key(self, name: str) -> Key | None:
+        return next((k for k in self.keys if k.name == name), None)
+
+
+DRAFT_EXIT_KEYS = (
+    Key("draft_exit_threshold", 0.6, "initial draft-exit threshold: drafting stops when the "
+        "draft's top-1 probability is below it", "float", 0.0, 1.0, symbol="γ0"),
+    Key("adaptive_threshold", True, "update the threshold after every verification (D&V §3.4)",
+        "bool"),
+    Key("target_acceptance", 0.90, "acceptance rate the adaptive threshold aims for", "float",
+        0.0, 1.0, symbol="α"),
+    Key("threshold_step", 0.01, "threshold update step", "float", 0.0, 1.0, symbol="ε"),
+    Key("beta1", 0.5, "smoothing of the acceptance rate", "float", 0.0, 1.0, high_open=True,
+        symbol="β1"),
+    Key("beta2", 0.9, "smoothing of the threshold", "float", 0.0, 1.0, high_open=True, symbol="β2"),
+)
+
+SELFSPEC = Method(
+    name="selfspec",
+    aliases=("draft_verify", "draft-and-verify", "self_speculative"),
+    proposer="vllm_selfspec.proposers.layer_skip:SelfSpecProposer",
+    default_k=12,
+    summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
+            "sub-layers; adaptive draft exit",
+    keys=(
+        Key("skip_mask", None, "skip mask: JSON file path or inline {\"attention\": [...], "
+            "\"mlp\": [...]} (0-based ids, D&V/SWIFT format). Default: the cached searched mask "
+            "for this model, else the uniform mask", "mask"),
+        Key("skip_mask_key", None, "entry to use in a model-keyed mask file", "str"),
+        Key("skip_ratio", 0.15, "share of the 2(L-2) inner sub-layers the uniform mask skips "
+            "(used when no mask is given)", "float", 0.0, 1.0, high_open=True),
+        *DRAFT_EXIT_KEYS,
+        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
+    ),
+)
+
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC,)}
+ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
+
+
+def lookup(name: Any) -> Method | None:
+    if not isinstance(name, str):
+        return None
+    return METHODS.get(ALIASES.get(name.lower(), ""))
+
+
+def split_config(raw: Mapping[str, Any]) -> tuple[Method, dict[str, Any], dict[str, Any]]:
+    """Split a user speculative config into (method, vLLM keys, validated plugin keys)."""
+    sc = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    method = lookup(sc.pop("method", None))
+    assert method is not None
+    core: dict[str, Any] = {}
+    opts: dict[str, Any] = {}
+    for k, v in sc.items():
+        if k in CORE_KEYS:
+            core[k] = v
+        elif k in FOREIGN_CORE_KEYS:
+            raise SelfSpecConfigError(
+                f"vllm_selfspec: key '{k}' does not apply to method '{method.name}' (it drafts with "
+                f"the target model itself); remove it")
+        elif method.key(k) is not None:
+            opts[k] = method.key(k).validate(method.name, v)  # type: ignore[union-attr]
+        else:
+            valid = sorted([key.name for key in method.keys] + list(CORE_KEYS))
+            raise SelfSpecConfigError(
+                f"vllm_selfspec: unknown key '{k}' for method '{method.name}'. Valid keys: "
+                + ", ".join(valid))
+    k = core.get("num_speculative_tokens")
+    if k is None:
+        core["num_speculative_tokens"] = method.default_k
+    elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 128:
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: num_speculative_tokens must be an integer in [1, 128], got {k!r}")
+    dsm = core.setdefault("draft_sample_method", "probabilistic")
+    if dsm not in ("greedy", "probabilistic"):
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: draft_sample_method must be 'greedy' or 'probabilistic', got {dsm!r}")
+    for key in method.keys:
+        opts.setdefault(key.name, key.default)
+    opts["method"] = method.name
+    opts["draft_sample_method"] = dsm
+    return method, core, opts

