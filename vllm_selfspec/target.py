@@ -16,6 +16,7 @@ writing into the target's own paged KV cache (design note §2.3-2.4):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -54,6 +55,8 @@ class TargetView:
         self.attn_groups = attn_groups
         self.block_size = int(attn_groups[0].kv_cache_spec.block_size)
         self.block_table: torch.Tensor | None = None
+        # wall time of draft forwards (tools/draft_cost.py reads it)
+        self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
     def begin_step(self, common_attn_metadata: Any) -> None:
@@ -90,6 +93,7 @@ class TargetView:
                    mask: SkipMask, draft_index: int) -> torch.Tensor:
         from vllm.forward_context import set_forward_context
 
+        t0 = time.perf_counter()
         positions = positions.long()
         slots = self.slots(rows, positions)
         md = self._attn_metadata(rows, positions, slots, draft_index)
@@ -99,4 +103,8 @@ class TargetView:
                                  slot_mapping=write):
             hidden = self.adapter.run(self.adapter.embed(tokens.long()), positions,
                                       mask.attention, mask.mlp)
-        return self.adapter.logits(hidden)
+        logits = self.adapter.logits(hidden)
+        self.timing["draft_calls"] += 1
+        self.timing["draft_rows"] += int(rows.numel())
+        self.timing["draft_seconds"] += time.perf_counter() - t0
+        return logits

@@ -1,0 +1,118 @@
+"""Functions to run inside the workers with ``LLM.collective_rpc`` (tools and tests).
+
+Each takes the worker as its first argument (vLLM's collective_rpc contract) and
+reaches our drafter at ``worker.model_runner.drafter``. Sending functions to the
+workers needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` in the front-end's
+environment (set by the tools that use this module; the engine is local).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _drafter(worker: Any) -> Any:
+    runner = getattr(worker, "model_runner", None)
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "proposer"):
+        raise RuntimeError("this engine does not run a vllm_selfspec method")
+    return drafter
+
+
+def drafter_stats(worker: Any) -> dict[str, Any]:
+    """Proposer counters, draft-exit threshold and draft forward timing."""
+    d = _drafter(worker)
+    out: dict[str, Any] = dict(d.proposer.stats)
+    view = getattr(d, "_view", None)
+    if view is not None:
+        out.update(view.timing)
+    ex = getattr(d.proposer, "exit", None)
+    if ex is not None:
+        out["draft_exit_threshold"] = ex.threshold
+    out["describe"] = d.proposer.describe()
+    return out
+
+
+def reset_stats(worker: Any) -> None:
+    d = _drafter(worker)
+    for k in d.proposer.stats:
+        d.proposer.stats[k] = 0
+    view = getattr(d, "_view", None)
+    if view is not None:
+        for k in view.timing:
+            view.timing[k] = 0
+
+
+def set_skip_mask(worker: Any, mask: dict[str, Any], threshold: float | None = None) -> str:
+    """Switch the skip mask (and optionally reset γ) without restarting the engine."""
+    from vllm_selfspec.proposers.skip_mask import parse_mask
+
+    d = _drafter(worker)
+    num_layers = d.adapter.num_layers
+    d.proposer.set_mask(parse_mask(mask, num_layers))
+    if threshold is not None:
+        d.proposer.exit.threshold = float(threshold)
+        d.proposer.exit.acceptance = None
+    return d.proposer.describe()
+
+
+def inject_draft_failures(worker: Any, every: int) -> None:
+    """Make every ``every``-th draft step raise (tests of the failure guard)."""
+    d = _drafter(worker)
+    orig = getattr(d.proposer, "_orig_propose", None) or d.proposer.propose
+    d.proposer._orig_propose = orig
+    calls = {"n": 0}
+
+    def failing(batch: Any) -> Any:
+        calls["n"] += 1
+        if every > 0 and calls["n"] % every == 0:
+            raise RuntimeError("injected draft failure")
+        return orig(batch)
+
+    d.proposer.propose = failing if every > 0 else orig
+
+
+def set_draft_exit(worker: Any, threshold: float, adaptive: bool) -> None:
+    """Fix the draft-exit threshold (threshold 0 + adaptive off: always draft K)."""
+    ex = _drafter(worker).proposer.exit
+    ex.threshold = float(threshold)
+    ex.cfg.adaptive = bool(adaptive)
+    ex.acceptance = None
+
+
+def install_step_timer(worker: Any) -> None:
+    """Time the runner's pure-decode steps (execute_model + sample_tokens), for
+    comparing a draft token with a plain decode step (tools/draft_cost.py)."""
+    import time
+
+    runner = worker.model_runner
+    if getattr(runner, "_selfspec_step_timer", None) is not None:
+        runner._selfspec_step_timer.update(steps=0, seconds=0.0)
+        return
+    timer = {"steps": 0, "seconds": 0.0, "pending": None}
+    execute, sample = runner.execute_model, runner.sample_tokens
+
+    def timed_execute(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = execute(scheduler_output, *a, **kw)
+        n = len(scheduler_output.num_scheduled_tokens)
+        decode = n > 0 and scheduler_output.total_num_scheduled_tokens == n
+        timer["pending"] = (time.perf_counter() - t0) if decode else None
+        return out
+
+    def timed_sample(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = sample(*a, **kw)
+        if timer["pending"] is not None:
+            timer["steps"] += 1
+            timer["seconds"] += timer["pending"] + time.perf_counter() - t0
+            timer["pending"] = None
+        return out
+
+    runner.execute_model, runner.sample_tokens = timed_execute, timed_sample
+    runner._selfspec_step_timer = timer
+
+
+def step_timer(worker: Any) -> dict[str, Any]:
+    t = worker.model_runner._selfspec_step_timer
+    return {"steps": t["steps"], "seconds": t["seconds"]}
