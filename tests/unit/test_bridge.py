@@ -1,0 +1,77 @@
+"""Runner state -> proposer types, and the draft-failure guard."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
+from vllm_selfspec.drafter import safe_propose
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Proposal, Proposer
+
+
+def _sp(**kw):
+    base = dict(temperature=0.0, top_k=0, top_p=1.0, max_tokens=100, min_tokens=0,
+                ignore_eos=False, all_stop_token_ids={2})
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _runner(rows):
+    tok = np.zeros((len(rows), 64), dtype=np.int32)
+    num = np.zeros(len(rows), dtype=np.int32)
+    reqs = {}
+    for i, (rid, ids, sp, n_out) in enumerate(rows):
+        tok[i, : len(ids)] = ids
+        num[i] = len(ids)
+        reqs[rid] = SimpleNamespace(sampling_params=sp, output_token_ids=[0] * n_out)
+    return SimpleNamespace(input_batch=SimpleNamespace(token_ids_cpu=tok, num_tokens_no_spec=num),
+                           requests=reqs, max_model_len=64)
+
+
+def _ctx(req_ids, sampled, scheduled):
+    return DraftContext(scheduler_output=SimpleNamespace(scheduled_spec_decode_tokens=scheduled),
+                        sampled_token_ids=sampled, sampling_metadata=None, hidden_states=None,
+                        sample_hidden_states=None, spec_decode_metadata=None,
+                        common_attn_metadata=None, req_ids=req_ids)
+
+
+def test_feedback_uses_scheduled_drafts():
+    ctx = _ctx(["a", "b", "c"], [[5, 6, 7], [9], []], {"a": [5, 6, 1, 1], "b": [3, 3], "c": [4]})
+    fb = read_feedback(ctx)
+    assert [(v.req_id, v.drafted, v.accepted) for v in fb] == [("a", 4, 2), ("b", 2, 0)]
+
+
+def test_draft_requests_positions_limits_and_sampling():
+    runner = _runner([
+        ("a", [1, 10, 11, 12], _sp(), 3),                 # normal greedy row
+        ("b", [1, 20, 21], _sp(max_tokens=3), 2),         # one token left: no draft
+        ("c", [1, 30, 2], _sp(), 2),                      # ended with EOS: no draft
+        ("d", [1, 40], _sp(temperature=0.7, top_k=5, top_p=0.9, max_tokens=4), 1),
+        ("e", [1, 50, 51], _sp(), 2),                     # partial prefill: nothing sampled
+    ])
+    ctx = _ctx(["a", "b", "c", "d", "e"], [[12], [21], [2], [40], []], {})
+    out = {r.req_id: r for r in draft_requests(runner, ctx, k=8)}
+    assert set(out) == {"a", "d"}
+    assert out["a"].position == 3 and out["a"].token == 12 and out["a"].max_len == 8
+    assert out["d"].max_len == 2 and out["d"].temperature == 0.7 and out["d"].top_k == 5
+
+
+class Boom(Proposer):
+    def propose(self, batch):
+        raise RuntimeError("kaboom")
+
+
+class WrongRows(Proposer):
+    def propose(self, batch):
+        return Proposal([[1]])
+
+
+def test_failing_draft_step_drafts_nothing(caplog):
+    batch = DraftBatch(["a", "b"], [DraftRequest(0, "a", 3, 1, 4)])
+    p = Boom(4, {})
+    for _ in range(3):
+        out = safe_propose(p, batch)
+        assert out.drafts == [[], []] and out.probs is None
+    assert p.stats["failures"] == 3
+    assert sum("draft step failed" in r.getMessage() for r in caplog.records) <= 1
+    assert safe_propose(WrongRows(4, {}), batch).drafts == [[], []]

@@ -1,0 +1,108 @@
+"""Start-up translation and refusal, through vLLM's own config path (no engine).
+
+`{"method": "selfspec"}` must work from `--speculative-config`, `LLM(...)`
+(EngineArgs) and AsyncEngineArgs; bad input must fail before any engine process
+starts, with a one-line message naming the problem.
+"""
+
+import json
+
+import pytest
+
+from vllm_selfspec.methods import DRAFTER_CLASS, PLUGIN_KEY, SelfSpecConfigError
+from vllm_selfspec.proposers.artifacts import ModelStamp
+
+
+def _config(model_path, spec, cls=None, **kw):
+    from vllm.engine.arg_utils import EngineArgs
+
+    cls = cls or EngineArgs
+    args = cls(model=model_path, dtype="float32", max_model_len=1024,
+               kv_cache_memory_bytes=1 << 28, speculative_config=spec, **kw)
+    return args.create_engine_config()
+
+
+def test_llm_style_engine_args(model_path):
+    cfg = _config(model_path, {"method": "selfspec", "draft_exit_threshold": 0.5})
+    sc = cfg.speculative_config
+    assert sc.method == "custom_class" and sc.model == DRAFTER_CLASS
+    assert sc.num_speculative_tokens == 12  # per-method default
+    opts = cfg.additional_config[PLUGIN_KEY]
+    assert opts["method"] == "selfspec" and opts["draft_exit_threshold"] == 0.5
+    assert opts["writes_target_kv"] and cfg.num_lookahead_tokens == 12  # P2
+    assert opts["mask"]["source"].startswith("uniform")
+    assert opts["model_stamp"]["num_layers"] == 30 and opts["model_stamp"]["fingerprint"]
+
+
+def test_async_engine_args_and_cli_flag(model_path):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cfg = _config(model_path, {"method": "draft_verify", "num_speculative_tokens": 5},
+                  cls=AsyncEngineArgs)
+    assert cfg.speculative_config.num_speculative_tokens == 5
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    ns = parser.parse_args(["--model", model_path, "--dtype", "float32", "--max-model-len", "1024",
+                            "--kv-cache-memory-bytes", str(1 << 28), "--speculative-config",
+                            json.dumps({"method": "selfspec", "skip_mask": {"attention": [3]}})])
+    cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+    assert cfg.additional_config[PLUGIN_KEY]["mask"]["attention"] == [3]
+
+
+def test_other_methods_untouched(model_path):
+    cfg = _config(model_path, {"method": "ngram", "num_speculative_tokens": 3,
+                               "prompt_lookup_max": 3})
+    assert cfg.speculative_config.method == "ngram"
+    assert PLUGIN_KEY not in (cfg.additional_config or {})
+    assert cfg.num_lookahead_tokens == 0
+
+
+def _one_line_error(model_path, spec, match, **kw):
+    with pytest.raises(SelfSpecConfigError, match=match) as e:
+        _config(model_path, spec, **kw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_unknown_key(model_path):
+    _one_line_error(model_path, {"method": "selfspec", "skip_layer": [1]},
+                    "unknown key 'skip_layer' for method 'selfspec'. Valid keys: .*skip_mask")
+
+
+def test_unknown_method_lists_names(model_path):
+    _one_line_error(model_path, {"method": "selfspek"},
+                    "unknown speculative method 'selfspek'. vllm_selfspec methods: selfspec")
+
+
+def test_mask_layer_out_of_range(model_path):
+    _one_line_error(model_path, {"method": "selfspec", "skip_mask": {"attention": [30], "mlp": []}},
+                    "attention layer 30 is out of range; this model has 30 layers")
+
+
+def test_mask_for_another_model(model_path, tmp_path):
+    other = ModelStamp("LlamaForCausalLM", 30, 576, 49152, "0123456789abcdef", "other-model")
+    f = tmp_path / "mask.json"
+    f.write_text(json.dumps({"attention": [3], "mlp": [], "metadata": {"model": other.to_json()}}))
+    msg = _one_line_error(model_path, {"method": "selfspec", "skip_mask": str(f)},
+                          "was made for another model")
+    assert "weights fingerprint" in msg and "search_mask.py" in msg
+
+
+def test_pipeline_parallel_refused(model_path):
+    _one_line_error(model_path, {"method": "selfspec"}, "pipeline parallelism "
+                    r"\(pipeline_parallel_size=2\)", pipeline_parallel_size=2,
+                    distributed_executor_backend="mp")
+
+
+def test_lora_refused(model_path):
+    _one_line_error(model_path, {"method": "selfspec"}, "does not support LoRA", enable_lora=True)
+
+
+def test_spec_method_flag(model_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=model_path, dtype="float32", max_model_len=1024,
+                      kv_cache_memory_bytes=1 << 28, spec_method="selfspec", spec_tokens=4)
+    cfg = args.create_engine_config()
+    assert cfg.speculative_config.model == DRAFTER_CLASS
+    assert cfg.speculative_config.num_speculative_tokens == 4
