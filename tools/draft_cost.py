@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     del base
 
     spec = LLM(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
-                                         "skip_mask": {"attention": [], "mlp": []}}, **kw)
+                                         "skip_mask": {"attention": [], "mlp": []},
+                                         "cost_gate": False}, **kw)
     spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
     spec.generate(warm, sp, use_tqdm=False)
     rows = []

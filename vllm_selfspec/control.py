@@ -30,6 +30,10 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     if ex is not None:
         out["draft_exit_threshold"] = ex.threshold
     out["describe"] = d.proposer.describe()
+    gate = getattr(d, "gate", None)
+    if gate is not None:
+        out["cost_gate"] = {"rate": dict(gate.rate), "winner": gate.winner,
+                            "windows": [list(h) for h in gate.history]}
     return out
 
 
@@ -70,6 +74,14 @@ def inject_draft_failures(worker: Any, every: int) -> None:
         return orig(batch)
 
     d.proposer.propose = failing if every > 0 else orig
+
+
+def set_cost_gate(worker: Any, enabled: bool) -> None:
+    """Switch the cost gate on (fresh measurements) or off."""
+    from vllm_selfspec.proposers.cost_gate import CostGate
+
+    d = _drafter(worker)
+    d.gate = CostGate() if enabled else None
 
 
 def set_draft_exit(worker: Any, threshold: float, adaptive: bool) -> None:

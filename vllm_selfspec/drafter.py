@@ -23,8 +23,16 @@ from vllm_selfspec import methods
 from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
 from vllm_selfspec.log import log_once, logger
 from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
+from vllm_selfspec.proposers.cost_gate import CostGate
 
 STATS_INTERVAL_S = 30.0
+
+
+def decode_only(scheduler_output: Any) -> bool:
+    """True if every scheduled request only verified drafts / decoded one token."""
+    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
+    return bool(scheduled) and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
 
 
 def safe_propose(proposer: Proposer, batch: DraftBatch) -> Proposal:
@@ -68,6 +76,7 @@ class PluginDrafter:
         self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
         self._view: Any = None
         self._last_stats = time.monotonic()
+        self.gate = CostGate() if opts.get("cost_gate", False) else None
         patches.patch_runner_bridge()
         if self.method.name == "selfspec":
             patches.patch_cpu_expand()  # in case the platform registered kernels before us
@@ -117,6 +126,11 @@ class PluginDrafter:
             self.proposer.observe(read_feedback(ctx))
             if finished:
                 self.proposer.finish(set(finished))
+            if self.gate is not None:
+                self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
+                                 decode_only(ctx.scheduler_output))
+                if not self.gate.should_draft():
+                    return [[] for _ in ctx.req_ids], None
             view = self._target_view(runner)
             if view is not None:
                 view.begin_step(ctx.common_attn_metadata)
@@ -139,5 +153,7 @@ class PluginDrafter:
         self._last_stats = now
         s = self.proposer.stats
         rate = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
-        logger.info("vllm_selfspec: %s | drafts %d, drafted %d, accepted %d (%.1f%%)",
-                    self.proposer.describe(), s["drafts"], s["drafted"], s["accepted"], 100 * rate)
+        gate = f" | {self.gate.describe()}" if self.gate is not None else ""
+        logger.info("vllm_selfspec: %s | drafts %d, drafted %d, accepted %d (%.1f%%)%s",
+                    self.proposer.describe(), s["drafts"], s["drafted"], s["accepted"], 100 * rate,
+                    gate)

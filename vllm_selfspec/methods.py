@@ -116,6 +116,12 @@ DRAFT_EXIT_KEYS = (
     Key("beta2", 0.9, "smoothing of the threshold", "float", 0.0, 1.0, high_open=True, symbol="β2"),
 )
 
+COMMON_KEYS = (
+    Key("cost_gate", True, "time engine steps with and without drafting and draft only while "
+        "drafting produces tokens faster (steps back where the drafter cannot pay for itself)",
+        "bool"),
+)
+
 SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
@@ -132,6 +138,7 @@ SELFSPEC = Method(
             "(used when no mask is given)", "float", 0.0, 1.0, high_open=True),
         *DRAFT_EXIT_KEYS,
         Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
+        *COMMON_KEYS,
     ),
 )
 

@@ -46,12 +46,13 @@ def uniform_engine(model_path):
 def empty_engine(model_path):
     llm = make_llm(model_path,
                    speculative_config={"method": "selfspec", "num_speculative_tokens": 4,
-                                       "skip_mask": EMPTY})
+                                       "skip_mask": EMPTY, "cost_gate": False})
     yield llm
     shutdown(llm)
 
 
 def test_greedy_identical_with_uniform_mask(uniform_engine, eval_prompts, reference):
+    """Default options (cost gate on: windows with and without drafts both occur)."""
     outs = uniform_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
     acc = acceptance(outs)
     assert acc.draft_tokens > 0 and acc.accepted > 0
@@ -88,11 +89,13 @@ def test_mixed_greedy_and_sampled_batch(uniform_engine, eval_prompts, reference)
 
 
 def test_failing_draft_steps_do_not_stop_requests(uniform_engine, eval_prompts, reference):
+    uniform_engine.collective_rpc(control.set_cost_gate, args=(False,))  # draft every step
     uniform_engine.collective_rpc(control.inject_draft_failures, args=(3,))
     try:
         out = token_ids(uniform_engine.generate(eval_prompts, GREEDY, use_tqdm=False))
         stats = uniform_engine.collective_rpc(control.drafter_stats)[0]
     finally:
         uniform_engine.collective_rpc(control.inject_draft_failures, args=(0,))
+        uniform_engine.collective_rpc(control.set_cost_gate, args=(True,))
     assert stats["failures"] > 0
     assert out == reference
