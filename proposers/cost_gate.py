@@ -7,7 +7,8 @@ decode steps and verifying k tokens costs more than one step
 decoding slower than plain decoding. The gate notices and steps back.
 
 It times engine steps in windows of W decode steps. A cycle is
-[W steps without drafts][W steps with drafts][E·W steps with the faster arm];
+[W steps without drafts][W steps with drafts][E·W steps with the faster arm],
+E doubling (up to a cap) while the same arm keeps winning;
 throughput is generated tokens per second of decode-only steps (steps doing
 prefill work are not counted). A step's tokens and duration are credited to the
 arm chosen at the previous step (drafts made then are verified now). Estimates
@@ -25,6 +26,7 @@ DRAFT, PLAIN = "draft", "plain"
 class CostGateConfig:
     window: int = 16  # W: decode steps per measurement window
     exploit_windows: int = 8  # E: windows on the winning arm before measuring again
+    max_exploit_windows: int = 64  # E doubles while the same arm keeps winning (back-off)
     smoothing: float = 0.5  # weight of the newest measurement in the EMA
     margin: float = 1.0  # draft when rate(draft) > margin * rate(plain)
 
@@ -48,6 +50,8 @@ class CostGate:
         self.exploiting = False
         self.last_arm: str | None = None
         self.last_time: float | None = None
+        self.streak = 0  # cycles in a row the same arm won
+        self.last_winner: str | None = None
         self.history: list[tuple[str, float]] = []  # (arm, tokens/s) per finished window
 
     @property
@@ -72,7 +76,7 @@ class CostGate:
         if self.exploiting:
             arm = self.winner
             self.phase_steps += 1
-            if self.phase_steps >= self.cfg.exploit_windows * self.cfg.window:
+            if self.phase_steps >= self.exploit_windows * self.cfg.window:
                 self.exploiting, self.phase, self.phase_steps = False, PLAIN, 0
                 self.windows = {DRAFT: _Window(), PLAIN: _Window()}  # measure afresh
         else:
@@ -83,9 +87,16 @@ class CostGate:
                     self.phase = DRAFT
                 else:
                     self.exploiting, self.phase_steps = True, 0
+                    w = self.winner
+                    self.streak = self.streak + 1 if w == self.last_winner else 0
+                    self.last_winner = w
                 arm = self.winner if self.exploiting else self.phase
         self.last_arm = arm
         return arm == DRAFT
+
+    @property
+    def exploit_windows(self) -> int:
+        return min(self.cfg.exploit_windows * 2 ** self.streak, self.cfg.max_exploit_windows)
 
     def _close(self, arm: str) -> None:
         w = self.windows[arm]

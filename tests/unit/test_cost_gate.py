@@ -42,3 +42,10 @@ def test_starts_by_measuring():
     gate = CostGate(CostGateConfig(window=4, exploit_windows=2))
     arms = simulate(gate, 12, draft_step_s=0.10, draft_tokens=2.0)
     assert arms[:4] == [False] * 4 and any(arms[4:10])
+
+
+def test_back_off_while_the_same_arm_wins():
+    gate = CostGate(CostGateConfig(window=4, exploit_windows=2, max_exploit_windows=8))
+    arms = simulate(gate, 2000, draft_step_s=0.10, draft_tokens=1.2)
+    assert gate.exploit_windows == 8 and gate.streak >= 2
+    assert sum(arms[-1000:]) / 1000 < 0.12  # drafting windows become rare
