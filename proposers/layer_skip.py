@@ -51,7 +51,7 @@ class SelfSpecProposer(Proposer):
         self.generator.manual_seed(int(self.options.get("seed", 0)))
 
     def set_mask(self, mask: SkipMask) -> None:
-        """Switch the skip mask between steps (tools/search_mask.py --objective measured)."""
+        """Switch the skip mask between steps (vllm_selfspec.control.set_skip_mask)."""
         self.mask = mask
 
     def describe(self) -> str:

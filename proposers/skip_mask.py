@@ -6,8 +6,8 @@ residual stream passes through a skipped block unchanged). The file format is
 the one of the Draft & Verify and SWIFT repositories,
 ``{"attention": [ids], "mlp": [ids]}`` with 0-based layer ids, optionally keyed
 by model name (``{"llama-2-13b": {...}, ...}``), so their files load as they are.
-Files written by ``tools/search_mask.py`` add a ``"metadata"`` block whose
-``"model"`` stamp is checked against the running model.
+Files may add a ``"metadata"`` block whose ``"model"`` stamp
+(``proposers.artifacts.ModelStamp``) is checked against the running model.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Any, Mapping
 from .artifacts import ModelStamp, check_stamp
 
 SEARCH_REMEDY = (
-    "Search a mask for this model with `python tools/search_mask.py --model <model> --out mask.json`, "
-    "or leave skip_mask out to use the uniform mask."
+    "Use a mask made for this model, or leave skip_mask out to use the uniform mask."
 )
 
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "enforce_eager": args.enforce_eager, "ignore_eos": args.ignore_eos,
               "warmup_prompts": args.warmup_prompts, "prompt_ids": [p.id for p in timed],
               "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
-              "command": "python tools/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "command": "python tools/bench.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
 
     for e in tqdm(entries, desc="starting engines", unit="engine"):
         spec = speculative_config(e)

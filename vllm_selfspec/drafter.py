@@ -77,6 +77,7 @@ class PluginDrafter:
         self._view: Any = None
         self._last_stats = time.monotonic()
         self.gate = CostGate() if opts.get("cost_gate", False) else None
+        self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
         if self.method.name == "selfspec":
             patches.patch_cpu_expand()  # in case the platform registered kernels before us
@@ -126,6 +127,8 @@ class PluginDrafter:
             self.proposer.observe(read_feedback(ctx))
             if finished:
                 self.proposer.finish(set(finished))
+            if not self.drafting:
+                return [[] for _ in ctx.req_ids], None
             if self.gate is not None:
                 self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
                                  decode_only(ctx.scheduler_output))

@@ -1,9 +1,8 @@
 """Choosing the skip mask at start-up: the user's, a cached searched one, or uniform.
 
 Order (issue "The plugin, end to end", item 3): a mask given with ``skip_mask``
-(file or inline, validated against the model); else the mask that
-``tools/search_mask.py --install`` cached for this model's weights; else the
-uniform starting mask (``proposers.skip_mask.uniform_mask``). The choice is
+(file or inline, validated against the model); else a searched mask cached for
+this model's weights (``cached_mask_path``); else the uniform starting mask (``proposers.skip_mask.uniform_mask``). The choice is
 logged once.
 """
 
@@ -43,7 +42,8 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
         return mask
     mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
     logger.info("vllm_selfspec: no skip_mask given and no searched mask cached for this model; "
-                "using the uniform mask (%s). Search one with tools/search_mask.py.", mask.describe())
+                "using the uniform mask (%s). A searched mask placed at %s is used instead.",
+                mask.describe(), cached or "<cache>/masks/<arch>-<L>L-<fingerprint>.json")
     return mask
 
 

@@ -28,6 +28,7 @@ def engine_args(kwargs: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Acceptance:
     tokens: int = 0  # generated tokens
+    requests: int = 0
     drafts: int = 0  # verify steps that had draft tokens
     draft_tokens: int = 0
     accepted: int = 0
@@ -43,12 +44,17 @@ class Acceptance:
 
     @property
     def tokens_per_step(self) -> float:
-        """Generated tokens per target decode step (steps without drafts count too)."""
-        steps = self.tokens - self.accepted
-        return self.tokens / steps if steps > 0 else 1.0
+        """Tokens per target decode step, steps without drafts included (each
+        request's first token comes from prefill and is left out)."""
+        decoded = self.tokens - self.requests
+        # accepted drafts past a stop token are counted by vLLM but not emitted,
+        # so bound the step count below by the number of verified drafts
+        steps = max(decoded - self.accepted, self.drafts)
+        return decoded / steps if steps > 0 else 1.0
 
     def add(self, other: "Acceptance") -> None:
         self.tokens += other.tokens
+        self.requests += other.requests
         self.drafts += other.drafts
         self.draft_tokens += other.draft_tokens
         self.accepted += other.accepted
@@ -59,6 +65,7 @@ def acceptance(outputs: Iterable[Any]) -> Acceptance:
     acc = Acceptance()
     for out in outputs:
         for comp in out.outputs:
+            acc.requests += 1
             acc.tokens += len(comp.token_ids)
             m = getattr(comp, "spec_decode_metrics", None)
             if m is None:

@@ -1,0 +1,31 @@
+"""The README documents exactly the keys the plugin accepts, with their defaults."""
+
+import json
+import re
+from pathlib import Path
+
+from vllm_selfspec import methods
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _table(title: str) -> dict[str, str]:
+    text = README.read_text()
+    section = text.split(f"### `{title}` keys", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (.+?) \|", section, flags=re.M)
+    return {k: v.strip() for k, v in rows}
+
+
+def test_selfspec_keys_documented_with_defaults():
+    rows = _table("selfspec")
+    for key in methods.SELFSPEC.keys:
+        assert key.name in rows, f"{key.name} missing from the README"
+        doc = rows[key.name]
+        if key.default is None:
+            assert doc == "none"
+        else:
+            assert doc.strip("`") == json.dumps(key.default), (key.name, doc)
+    plugin_keys = {k.name for k in methods.SELFSPEC.keys}
+    extra = set(rows) - plugin_keys - set(methods.CORE_KEYS)
+    assert not extra, f"README documents keys the plugin does not accept: {extra}"
+    assert rows["num_speculative_tokens"].strip("`") == str(methods.SELFSPEC.default_k)
