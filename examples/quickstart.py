@@ -34,7 +34,7 @@ def main() -> None:
     print("Comparing plain decoding, vLLM ngram and selfspec on 4 MT-bench prompts ...")
     bench.main(["--model", "smollm2-135m", "--methods", "baseline,ngram,selfspec",
                 "--dataset", "mtbench", "--num-prompts", "4", "--max-tokens", "64",
-                "--dtype", "float32", "--enforce-eager", "--json", "results/quickstart.json"])
+                "--dtype", "float32", "--enforce-eager", "--json", "out/quickstart.json"])
 
 
 if __name__ == "__main__":
