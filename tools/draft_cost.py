@@ -11,7 +11,11 @@ Two engines with the same settings, batch 1:
   sub-layers (uniform masks, switched inside one engine).
 
 Reports cost(f) / decode step per f, the least-squares fit cost ≈ a·f + b (b =
-fixed overhead per draft token), a JSON file and a PNG plot.
+fixed overhead per draft token), a JSON file and a PNG plot. Two more masks (all
+inner attention skipped, all inner MLP skipped) split the cost per sub-layer kind,
+and the verification forwards of K drafts give the cost of verifying one more
+token: together the "cost_model" block that tools/search_mask.py --cost-model
+reads (proposers/expected_speedup.py: CostModel).
 
     python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
 """
@@ -57,6 +61,19 @@ def mask_for_fraction(num_layers: int, f: float) -> dict[str, Any]:
     return {"attention": sorted(m.attention), "mlp": sorted(m.mlp)}
 
 
+def fit_cost_model(rows: list[dict[str, Any]], num_layers: int, verify_per_token: float
+                   ) -> dict[str, float]:
+    """Least squares: ratio = fixed + a·kept_attention + m·kept_mlp."""
+    import numpy as np
+
+    a = np.array([[1.0, num_layers - r["skipped_attention"], num_layers - r["skipped_mlp"]]
+                  for r in rows])
+    y = np.array([r["ratio_to_decode_step"] for r in rows])
+    (fixed, per_attn, per_mlp), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {"draft_fixed": float(max(fixed, 0.0)), "draft_attention": float(max(per_attn, 0.0)),
+            "draft_mlp": float(max(per_mlp, 0.0)), "verify_per_token": float(verify_per_token)}
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
@@ -97,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         base.generate([p], sp, use_tqdm=False)
     st = base.collective_rpc(control.step_timer)[0]
     decode_s = st["seconds"] / st["steps"]
+    forward_1 = st["forward"].get(1) or st["forward"].get("1")
+    base.llm_engine.engine_core.shutdown()
     del base
 
     spec = LLM(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
@@ -104,9 +123,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                          "cost_gate": False}, **kw)
     spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
     spec.generate(warm, sp, use_tqdm=False)
+    spec.collective_rpc(control.install_step_timer)
+    inner = list(range(1, num_layers - 1))
+    masks = [(f"kept {f:g}", mask_for_fraction(num_layers, f)) for f in fractions]
+    masks += [("no inner attention", {"attention": inner, "mlp": []}),
+              ("no inner MLP", {"attention": [], "mlp": inner})]
     rows = []
-    for f in tqdm(fractions, desc="draft cost per kept fraction"):
-        mask = mask_for_fraction(num_layers, f)
+    for label, mask in tqdm(masks, desc="draft cost per mask"):
         spec.collective_rpc(control.set_skip_mask, args=(mask,))
         spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
         spec.generate(warm, sp, use_tqdm=False)  # warm this mask
@@ -116,25 +139,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s = spec.collective_rpc(control.drafter_stats)[0]
         per_token = s["draft_seconds"] / s["draft_rows"]
         kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
-        rows.append({"kept_fraction": round(kept, 4), "skipped_attention": len(mask["attention"]),
+        rows.append({"mask": label, "kept_fraction": round(kept, 4),
+                     "skipped_attention": len(mask["attention"]),
                      "skipped_mlp": len(mask["mlp"]), "draft_tokens": s["draft_rows"],
                      "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
+    fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
+    spec.llm_engine.engine_core.shutdown()
     del spec
-    a, b = fit_line([r["kept_fraction"] for r in rows], [r["ratio_to_decode_step"] for r in rows])
+    verify_k = fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
+    v = (verify_k - forward_1) / (args.k * decode_s) if verify_k else 0.15
+    uniform_rows = [r for r in rows if r["mask"].startswith("kept")]
+    a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
+                    [r["ratio_to_decode_step"] for r in uniform_rows])
     report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
+              "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
               "rows": rows, "fit": {"slope": a, "overhead": b,
-                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"}}
+                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
+              "cost_model": fit_cost_model(rows, num_layers, v)}
     print(f"plain decode step (worker): {1000 * decode_s:.1f} ms over {st['steps']} steps")
-    print("kept f   draft token ms   ratio to decode step")
+    print("mask                 kept f   draft token ms   ratio to decode step")
     for r in rows:
-        print(f"{r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}         "
-              f"{r['ratio_to_decode_step']:.3f}")
+        print(f"{r['mask']:<20} {r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}"
+              f"         {r['ratio_to_decode_step']:.3f}")
     print(report["fit"]["formula"])
+    print(f"verifying {args.k} drafts: forward {1000 * (verify_k or 0):.1f} ms vs "
+          f"{1000 * forward_1:.1f} ms for one token -> {v:.3f} decode steps per extra token")
+    print("cost model:", json.dumps(report["cost_model"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
         plot = args.plot or str(Path(args.json_out).with_suffix(".png"))
-        draw(rows, a, b, plot)
+        draw(uniform_rows, a, b, plot)
         print(f"wrote {args.json_out} and {plot}")
     return report
 

@@ -98,23 +98,32 @@ def set_draft_exit(worker: Any, threshold: float, adaptive: bool) -> None:
 
 
 def install_step_timer(worker: Any) -> None:
-    """Time the runner's pure-decode steps (execute_model + sample_tokens), for
-    comparing a draft token with a plain decode step (tools/draft_cost.py)."""
+    """Time the runner's decode and verification steps (no prefill work): per step
+    ``execute_model`` (input preparation + forward) keyed by tokens per request,
+    and for plain one-token steps also ``sample_tokens`` (tools/draft_cost.py)."""
     import time
 
+    from vllm_selfspec.drafter import decode_only
+
     runner = worker.model_runner
-    if getattr(runner, "_selfspec_step_timer", None) is not None:
-        runner._selfspec_step_timer.update(steps=0, seconds=0.0)
+    timer = getattr(runner, "_selfspec_step_timer", None)
+    if timer is not None:
+        timer.update(steps=0, seconds=0.0, forward={}, pending=None)
         return
-    timer = {"steps": 0, "seconds": 0.0, "pending": None}
+    timer = {"steps": 0, "seconds": 0.0, "forward": {}, "pending": None}
     execute, sample = runner.execute_model, runner.sample_tokens
 
     def timed_execute(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
         out = execute(scheduler_output, *a, **kw)
+        dt = time.perf_counter() - t0
         n = len(scheduler_output.num_scheduled_tokens)
-        decode = n > 0 and scheduler_output.total_num_scheduled_tokens == n
-        timer["pending"] = (time.perf_counter() - t0) if decode else None
+        timer["pending"] = None
+        if n > 0 and decode_only(scheduler_output):
+            per_req = scheduler_output.total_num_scheduled_tokens // n
+            timer["forward"].setdefault(per_req, []).append(dt)
+            if per_req == 1:
+                timer["pending"] = dt
         return out
 
     def timed_sample(*a: Any, **kw: Any) -> Any:
@@ -131,5 +140,9 @@ def install_step_timer(worker: Any) -> None:
 
 
 def step_timer(worker: Any) -> dict[str, Any]:
+    """Plain decode steps (count, seconds) and mean forward seconds per tokens-per-request."""
+    import statistics
+
     t = worker.model_runner._selfspec_step_timer
-    return {"steps": t["steps"], "seconds": t["seconds"]}
+    return {"steps": t["steps"], "seconds": t["seconds"],
+            "forward": {n: statistics.median(v) for n, v in t["forward"].items() if v}}

@@ -1,0 +1,97 @@
+"""tools/search_mask.py end to end on a tiny model: writes a loadable, stamped mask;
+--resume continues the log; the Ray path runs on a local 2-CPU cluster."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+COMMON = ["--dataset", "mtbench", "--num-prompts", "2", "--max-tokens", "12", "--k", "4",
+          "--objective", "proxy"]
+
+
+def run_tool(model, out, *extra):
+    from tools import search_mask
+
+    return search_mask.main(["--model", model, "--out", str(out), *COMMON, *extra])
+
+
+def test_search_writes_loadable_stamped_mask_and_resumes(tiny_model_path, model_path, tmp_path):
+    from vllm_selfspec.hf_target import HFTarget
+    from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
+    from vllm_selfspec.proposers.skip_mask import parse_mask
+
+    out = tmp_path / "tiny-mask.json"
+    run_tool(tiny_model_path, out, "--iterations", "5")
+    log = out.with_suffix(".trials.jsonl")
+    first = log.read_text().splitlines()
+    assert len(first) == 5
+    assert out.with_suffix(".objective.png").exists() and out.with_suffix(".layout.png").exists()
+    data = json.loads(out.read_text())
+    meta = data["metadata"]
+    assert meta["objective"] == "proxy" and meta["iterations"] == 5
+    assert meta["dev_set"]["split"] == "dev" and meta["tool_version"]
+    tiny = HFTarget(tiny_model_path).stamp()
+    mask = parse_mask(str(out), 4, tiny)  # loads for the model it was made for
+    assert mask.metadata["model"]["fingerprint"] == tiny.fingerprint
+
+    with pytest.raises(SystemExit, match="--resume"):
+        run_tool(tiny_model_path, out, "--iterations", "7")
+    run_tool(tiny_model_path, out, "--iterations", "7", "--resume")
+    lines = log.read_text().splitlines()
+    assert len(lines) == 7 and lines[:5] == first
+
+    smol = ModelStamp("LlamaForCausalLM", 30, 576, 49152, "x" * 16)
+    with pytest.raises(ArtifactMismatchError, match="made for another model"):
+        parse_mask(str(out), 30, smol)
+
+
+def test_selfspec_refuses_the_tiny_models_mask(tiny_model_path, model_path, tmp_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_selfspec.methods import SelfSpecConfigError
+
+    out = tmp_path / "tiny-mask.json"
+    run_tool(tiny_model_path, out, "--iterations", "2")
+    args = EngineArgs(model=model_path, dtype="float32", max_model_len=512,
+                      kv_cache_memory_bytes=1 << 28,
+                      speculative_config={"method": "selfspec", "skip_mask": str(out)})
+    with pytest.raises(SelfSpecConfigError, match="made for another model"):
+        args.create_engine_config()
+
+
+def test_ray_path_on_a_local_cluster(tiny_model_path, tmp_path):
+    pytest.importorskip("ray", reason="ray is installed with the [tools] extra")
+    code = f"""
+import sys, ray
+sys.path.insert(0, {str(ROOT)!r})
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+from tools import search_mask
+r = search_mask.main(["--model", {tiny_model_path!r}, "--out", {str(tmp_path / 'ray-mask.json')!r},
+                      {', '.join(repr(a) for a in COMMON)}, "--iterations", "4", "--ray",
+                      "--ray-workers", "2"])
+assert r["trials"] == 4
+ray.shutdown()
+print("RAY-OK")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "RAY-OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert len((tmp_path / "ray-mask.trials.jsonl").read_text().splitlines()) == 4
+
+
+def test_without_ray_nothing_imports_ray(tiny_model_path, tmp_path):
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from tools import search_mask
+search_mask.main(["--model", {tiny_model_path!r}, "--out", {str(tmp_path / 'm.json')!r},
+                  {', '.join(repr(a) for a in COMMON)}, "--iterations", "2"])
+print("RAY-IMPORTED" if "ray" in sys.modules else "NO-RAY")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "NO-RAY" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
