@@ -82,5 +82,6 @@ def test_batches_use_constant_liar(tmp_path):
 def test_default_probes(budget):
     probes = ms.default_probes(30, budget)
     assert probes and all(0 not in p.attention | p.mlp for p in probes)
+    assert (SkipMask() in probes) == (budget is None)
     if budget:
         assert all(p.num_skipped == 5 for p in probes)
