@@ -57,13 +57,17 @@ def candidate_masks(num_layers: int, n: int, seed: int, log: str | None) -> dict
     for r in (0.05, 0.15, 0.3):
         out[f"uniform{r}"] = uniform_mask(num_layers, r)
     rng = random.Random(seed)
-    counts = [(2, 2), (4, 2), (6, 3), (8, 4)]
-    while len(out) < n:
-        na, nm = counts[len(out) % len(counts)]
-        for name, m in layout_masks(num_layers, na, nm, seed=rng.randrange(10**6)).items():
-            out.setdefault(f"{name}-{na}a{nm}m", m)
+    counts = [(4, 2), (8, 4), (12, 8), (2, 2), (6, 3), (10, 6)]
+    for rep in range(100):  # layouts of every count first, then more random masks
+        for na, nm in counts:
             if len(out) >= n:
                 break
+            for name, m in layout_masks(num_layers, na, nm, seed=rng.randrange(10**6)).items():
+                if rep and name != "random":
+                    continue
+                out.setdefault(f"{name}{rep or ''}-{na}a{nm}m", m)
+                if len(out) >= n:
+                    break
     return dict(list(out.items())[:n])
 
 
