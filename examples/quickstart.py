@@ -1,9 +1,11 @@
 #!/usr/bin/env python
-"""Quickstart: self-speculative decoding (Draft & Verify) inside vLLM on the embedded model.
+"""Quickstart: the plugin's methods inside vLLM on the embedded model.
 
 1. One request through `LLM(..., speculative_config={"method": "selfspec"})`.
-2. A small side-by-side run of plain decoding, vLLM's `ngram` and `selfspec`
-   (tools/bench.py: same prompts, interleaved, greedy, float32), printed as a table.
+2. A small side-by-side run of plain decoding, vLLM's `ngram`, `selfspec` and
+   `ngrammys` (tools/bench.py: same prompts, interleaved, greedy, float32), printed
+   as a table. The first `ngrammys` engine builds the model's bigram table (about a
+   minute here) and caches it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def main() -> None:
 
     from tools import bench
 
-    print("Comparing plain decoding, vLLM ngram and selfspec on 4 MT-bench prompts ...")
-    bench.main(["--model", "smollm2-135m", "--methods", "baseline,ngram,selfspec",
+    print("Comparing plain decoding, vLLM ngram, selfspec and ngrammys on 4 MT-bench prompts ...")
+    bench.main(["--model", "smollm2-135m", "--methods", "baseline,ngram,selfspec,ngrammys",
                 "--dataset", "mtbench", "--num-prompts", "4", "--max-tokens", "64",
                 "--dtype", "float32", "--enforce-eager", "--json", "out/quickstart.json"])
 

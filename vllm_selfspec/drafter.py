@@ -79,8 +79,7 @@ class PluginDrafter:
         self.gate = CostGate() if opts.get("cost_gate", False) else None
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
-        if self.method.name == "selfspec":
-            patches.patch_cpu_expand()  # in case the platform registered kernels before us
+        patches.patch_cpu_expand()  # in case the platform registered kernels before us
 
     # ---- vLLM custom_class contract -------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:

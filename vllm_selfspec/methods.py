@@ -122,6 +122,14 @@ COMMON_KEYS = (
         "bool"),
 )
 
+# N-Grammys defaults: chosen with tools/ngrammys_calls.py on the dev split (README).
+NGRAMMYS_DEFAULT_K = 10
+NGRAMMYS_DEFAULT_W = 8
+NGRAMMYS_DEFAULT_Q = 3
+NGRAMMYS_DEFAULT_BIGRAM_W = 2
+NGRAMMYS_DEFAULT_SELECTION = "first"
+NGRAMMYS_DEFAULT_KEEP = False
+
 SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
@@ -142,7 +150,34 @@ SELFSPEC = Method(
     ),
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC,)}
+NGRAMMYS = Method(
+    name="ngrammys",
+    aliases=("n-grammys", "n_grammys"),
+    proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
+    default_k=NGRAMMYS_DEFAULT_W,
+    summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
+            "(extended) bigram table; one chain of k candidate rows per step",
+    keys=(
+        Key("bigram_table", None, "bigram table from tools/build_bigram.py. Default: the table "
+            "cached for this model, else one is built at start-up and cached", "str"),
+        Key("num_rows", NGRAMMYS_DEFAULT_K, "candidate rows per step (context matches first, "
+            "then bigram rows)", "int", 1, 64, symbol="k"),
+        Key("bigram_width", NGRAMMYS_DEFAULT_BIGRAM_W, "width of the extended-bigram rows (at most "
+            "num_speculative_tokens, the width of context rows)", "int", 1, 128),
+        Key("query_length", NGRAMMYS_DEFAULT_Q, "longest context query; shorter ones are tried "
+            "after it down to min_query_length", "int", 1, 16, symbol="q"),
+        Key("min_query_length", 1, "shortest context query", "int", 1, 16),
+        Key("selection", NGRAMMYS_DEFAULT_SELECTION, "which row becomes the chain: 'first' (the "
+            "paper's mixed order) or 'likelihood' (most likely under the bigram table)", "str",
+            choices=("first", "likelihood")),
+        Key("keep_rows", NGRAMMYS_DEFAULT_KEEP, "keep unchosen rows; propose a kept row's rest "
+            "when the target's next tokens match its prefix", "bool"),
+        # Drafts cost almost nothing here, so the gate's plain windows only lose time.
+        Key("cost_gate", False, COMMON_KEYS[0].help, "bool"),
+    ),
+)
+
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, NGRAMMYS)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

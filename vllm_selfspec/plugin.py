@@ -43,14 +43,36 @@ def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) ->
 
     info = model_info(model_config)
     opts["model_stamp"] = info.stamp.to_json()
+    from vllm_selfspec.proposers.ngram_tables import BigramTableError
+
     try:
         if "skip_mask" in opts:
             opts["mask"] = mask_to_opts(resolve_skip_mask(opts, info))
             if isinstance(opts["skip_mask"], dict):  # keep additional_config small
                 opts["skip_mask"] = "inline"
-    except (SkipMaskError, ArtifactMismatchError) as e:
+        if "bigram_table" in opts:
+            opts["table_path"] = _resolve_bigram_table(opts, info)
+    except (SkipMaskError, ArtifactMismatchError, BigramTableError) as e:
         raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
     return opts
+
+
+def _resolve_bigram_table(opts: dict[str, Any], info: Any) -> str:
+    """ngrammys: the user's table (checked against the model), else the cached or a new one."""
+    from vllm_selfspec.bigram_build import table_for_model
+    from vllm_selfspec.proposers.ngram_tables import BigramTable
+
+    if opts["min_query_length"] > opts["query_length"]:
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: min_query_length ({opts['min_query_length']}) must not exceed "
+            f"query_length ({opts['query_length']})")
+    path = opts.get("bigram_table")
+    if path is None:
+        path = str(table_for_model(info.path, info.stamp, top_k=32, width=4))
+    table = BigramTable.load(path, expect=info.stamp)
+    logger.info("vllm_selfspec: bigram table %s (top-%d, width %d, %s extension)", path,
+                table.top_k, table.max_width, table.meta.get("extension", "?"))
+    return str(path)
 
 
 def translate_speculative_config(engine_args: Any, model_config: Any, parallel_config: Any) -> None:

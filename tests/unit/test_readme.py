@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from vllm_selfspec import methods
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -16,16 +18,17 @@ def _table(title: str) -> dict[str, str]:
     return {k: v.strip() for k, v in rows}
 
 
-def test_selfspec_keys_documented_with_defaults():
-    rows = _table("selfspec")
-    for key in methods.SELFSPEC.keys:
+@pytest.mark.parametrize("method", list(methods.METHODS.values()), ids=lambda m: m.name)
+def test_keys_documented_with_defaults(method):
+    rows = _table(method.name)
+    for key in method.keys:
         assert key.name in rows, f"{key.name} missing from the README"
         doc = rows[key.name]
         if key.default is None:
             assert doc == "none"
         else:
             assert doc.strip("`") == json.dumps(key.default), (key.name, doc)
-    plugin_keys = {k.name for k in methods.SELFSPEC.keys}
+    plugin_keys = {k.name for k in method.keys}
     extra = set(rows) - plugin_keys - set(methods.CORE_KEYS)
     assert not extra, f"README documents keys the plugin does not accept: {extra}"
-    assert rows["num_speculative_tokens"].strip("`") == str(methods.SELFSPEC.default_k)
+    assert rows["num_speculative_tokens"].strip("`") == str(method.default_k)

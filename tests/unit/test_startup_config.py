@@ -106,3 +106,41 @@ def test_spec_method_flag(model_path):
     cfg = args.create_engine_config()
     assert cfg.speculative_config.model == DRAFTER_CLASS
     assert cfg.speculative_config.num_speculative_tokens == 4
+
+
+def test_ngrammys_config_finds_or_builds_table(model_path):
+    cfg = _config(model_path, {"method": "ngrammys"})
+    sc = cfg.speculative_config
+    assert sc.model == DRAFTER_CLASS and sc.num_speculative_tokens >= 1
+    opts = cfg.additional_config[PLUGIN_KEY]
+    assert opts["method"] == "ngrammys" and opts["table_path"].endswith(".safetensors")
+    assert not opts["writes_target_kv"] and cfg.num_lookahead_tokens == 0
+
+
+def test_bigram_table_for_another_model(model_path, tmp_path):
+    import numpy as np
+
+    from vllm_selfspec.proposers.ngram_tables import BigramTable
+
+    v = 49152
+    ids = np.zeros((v, 2), dtype=np.int32)
+    other = ModelStamp("LlamaForCausalLM", 30, 576, v, "0123456789abcdef", "other-model")
+    f = tmp_path / "t.safetensors"
+    BigramTable(ids, np.zeros((v, 2), np.float32), np.arange(4, dtype=np.int32),
+                np.zeros((v, 2, 0), np.int32), other).save(f)
+    msg = _one_line_error(model_path, {"method": "ngrammys", "bigram_table": str(f)},
+                          "bigram table .* was made for another model")
+    assert "tools/build_bigram.py" in msg
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"selection": "best"}, "key 'selection' of method 'ngrammys' must be one of 'first', "
+                            "'likelihood'"),
+    ({"num_rows": 0}, r"key 'num_rows' of method 'ngrammys' must be an integer in \[1, 64\]"),
+    ({"query_length": 1, "min_query_length": 2}, "min_query_length .* must not exceed"),
+    ({"skip_mask": {"attention": []}}, "unknown key 'skip_mask' for method 'ngrammys'"),
+    ({"bigram_table": "/nonexistent.safetensors"}, "bigram table /nonexistent.safetensors does "
+                                                   "not exist"),
+])
+def test_ngrammys_bad_keys(model_path, spec, match):
+    _one_line_error(model_path, {"method": "ngrammys", **spec}, match)

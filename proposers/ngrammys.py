@@ -1,0 +1,197 @@
+"""N-Grammys (Stewart et al., 2024): learning-free drafts from context n-grams and
+model-derived bigrams.
+
+§4.2 / Appendix B.2 ``context_ngram_matcher``: the last q tokens are looked up
+in the context; every match proposes the w tokens that followed it, ranked by
+how often that (q+w)-gram occurs, ties to the most recent occurrence.
+§4.3 mixed strategy: the k candidate rows are filled with context matches
+first, then with extended-bigram rows of the newest token (proposers.ngram_tables).
+
+vLLM v1 verifies one chain per request, so the k rows cannot all be verified
+as in the paper. Realizations here (issue "ngrammys", README):
+
+(a) ``selection``: one row per step — ``first`` (the paper's mixed order) or
+    ``likelihood`` (the row the bigram table finds most likely to be accepted:
+    sum over prefixes of the product of bigram probabilities);
+(c) ``keep_rows``: rows not chosen at one step are kept; when the tokens the
+    target emitted next are a prefix of a kept row, its remainder is proposed
+    first (it continues text the target has just confirmed).
+
+Drafts are deterministic (one-hot q); vLLM's rejection sampler then accepts a
+draft token x with probability p(x), which keeps sampling lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .base import DraftBatch, Proposal, Proposer
+from .ngram_tables import BigramTable
+
+SELECTIONS = ("first", "likelihood")
+# Bounded work per step: only the most recent occurrences of the query's first
+# token are examined (frequent tokens such as spaces occur hundreds of times).
+MAX_OCCURRENCES = 512
+
+
+def context_rows(history: np.ndarray, q: int, w: int, limit: int) -> list[list[int]]:
+    """Appendix B.2: the continuations (length w) of earlier occurrences of the last q
+    tokens, most frequent first, ties to the most recent; at most ``limit`` rows."""
+    n = int(history.shape[0])
+    last_start = n - q - w  # matches need w tokens after them
+    if limit <= 0 or q <= 0 or last_start < 0:
+        return []
+    query = history[n - q:]
+    hits = np.flatnonzero(history[: last_start + 1] == query[0])[-MAX_OCCURRENCES:]
+    for j in range(1, q):
+        if hits.size == 0:
+            break
+        hits = hits[history[hits + j] == query[j]]
+    if hits.size == 0:
+        return []
+    counts: dict[tuple[int, ...], list[int]] = {}
+    for i in hits[::-1]:  # most recent first
+        row = tuple(int(t) for t in history[i + q: i + q + w])
+        c = counts.get(row)
+        if c is None:
+            counts[row] = [1, int(i)]
+        else:
+            c[0] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
+    return [list(r) for r, _ in ranked[:limit]]
+
+
+def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
+               max_query: int, min_query: int = 1, bigram_w: int | None = None
+               ) -> list[list[int]]:
+    """§4.3: context rows first (longest query first), then extended-bigram rows
+    (of width ``bigram_w``, default w)."""
+    rows: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+
+    def add(r: list[int]) -> None:
+        t = tuple(r)
+        if r and t not in seen and len(rows) < k:
+            seen.add(t)
+            rows.append(r)
+
+    for q in range(max_query, min_query - 1, -1):
+        for r in context_rows(history, q, w, k - len(rows)):
+            add(r)
+        if len(rows) >= k:
+            return rows
+    if table is not None and history.size:
+        for r in table.rows(int(history[-1]), k, bigram_w or w):
+            add(r)
+    return rows
+
+
+def row_likelihood(table: BigramTable, prev: int, row: list[int]) -> float:
+    """Expected accepted length of ``row`` if the bigram table were the target:
+    sum_j prod_{i<=j} p(row_i | row_{i-1})."""
+    total, run = 0.0, 1.0
+    for tok in row:
+        if not 0 <= prev < table.vocab_size:
+            break
+        hit = np.flatnonzero(table.bigram_ids[prev] == tok)
+        p = float(table.bigram_probs[prev, hit[0]]) if hit.size else 0.0
+        run *= p
+        if run == 0.0:
+            break
+        total += run
+        prev = tok
+    return total
+
+
+@dataclass
+class _Kept:
+    base_len: int  # history length when the rows were proposed
+    rows: list[list[int]]
+
+
+class NGrammysProposer(Proposer):
+    """Method ``ngrammys``: one chain per step from the k mixed candidate rows."""
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        super().__init__(num_speculative_tokens, options)
+        table = options.get("table")
+        if table is None and options.get("table_path"):
+            table = BigramTable.load(options["table_path"])
+        self.table: BigramTable | None = table
+        self.num_rows = int(options.get("num_rows", 10))
+        self.width = int(num_speculative_tokens)
+        self.bigram_width = min(self.width, int(options.get("bigram_width") or self.width))
+        self.max_query = int(options.get("query_length", 1))
+        self.min_query = int(options.get("min_query_length", 1))
+        self.selection = str(options.get("selection", "first"))
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}")
+        self.keep_rows = bool(options.get("keep_rows", True))
+        self.kept: dict[str, _Kept] = {}
+        self.stats.update({"from_kept": 0, "from_context": 0, "from_bigram": 0})
+
+    def candidates(self, history: np.ndarray, req_id: str | None = None) -> tuple[list[list[int]], int]:
+        """Candidate rows for a request, and how many of them come from kept rows."""
+        rows: list[list[int]] = []
+        if self.keep_rows and req_id is not None and req_id in self.kept:
+            kept = self.kept[req_id]
+            emitted = history[kept.base_len:].tolist()
+            e = len(emitted)
+            if e:
+                for r in kept.rows:
+                    if len(r) > e and r[:e] == emitted:
+                        rows.append(r[e:])
+        n_kept = len(rows)
+        for r in mixed_rows(history, self.table, self.num_rows, self.width, self.max_query,
+                            self.min_query, self.bigram_width):
+            if r not in rows:
+                rows.append(r)
+        return rows, n_kept
+
+    def choose(self, history: np.ndarray, rows: list[list[int]], n_kept: int) -> int:
+        if not rows:
+            return -1
+        if n_kept or self.selection == "first" or self.table is None:
+            return 0
+        prev = int(history[-1])
+        scores = [row_likelihood(self.table, prev, r) for r in rows]
+        return int(np.argmax(scores))
+
+    def propose(self, batch: DraftBatch) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        assert batch.token_ids is not None and batch.num_tokens is not None
+        for req in batch.requests:
+            history = batch.token_ids[req.row, : int(batch.num_tokens[req.row])]
+            rows, n_kept = self.candidates(history, req.req_id)
+            i = self.choose(history, rows, n_kept)
+            if i < 0:
+                self.kept.pop(req.req_id, None)
+                continue
+            drafts[req.row] = rows[i][: req.max_len]
+            self.stats["steps"] += 1
+            src = "from_kept" if i < n_kept else ("from_context" if self._is_context(rows[i], history)
+                                                   else "from_bigram")
+            self.stats[src] += 1
+            if self.keep_rows:
+                self.kept[req.req_id] = _Kept(int(history.shape[0]), [r for j, r in enumerate(rows)
+                                                                      if j != i])
+        return Proposal(drafts)
+
+    def _is_context(self, row: list[int], history: np.ndarray) -> bool:
+        if self.table is None:
+            return True
+        return row not in self.table.rows(int(history[-1]), self.num_rows, self.bigram_width)
+
+    def finish(self, req_ids: set[str]) -> None:
+        for r in req_ids:
+            self.kept.pop(r, None)
+
+    def describe(self) -> str:
+        src = self.table.source if self.table is not None else "none"
+        return (f"N-Grammys: k={self.num_rows} rows of w={self.width} (bigram rows "
+                f"{self.bigram_width}), query length "
+                f"{self.max_query}..{self.min_query}, selection {self.selection}, keep_rows "
+                f"{self.keep_rows}, bigram table {src}")

@@ -1,0 +1,163 @@
+"""N-Grammys without an engine: the context matcher, the mixed rows, kept rows, the
+table file (format, stamp checks) and tools/build_bigram.py on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
+from vllm_selfspec.proposers.ngram_tables import BigramTable, BigramTableError, repeated_extension
+from vllm_selfspec.proposers.ngrammys import NGrammysProposer, context_rows, mixed_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def toy_table(v: int = 10, k: int = 3, w: int = 3) -> BigramTable:
+    ids = np.array([[(x + j + 1) % v for j in range(k)] for x in range(v)], dtype=np.int32)
+    probs = np.tile(np.array([0.5, 0.3, 0.2][:k], dtype=np.float32), (v, 1))
+    stamp = ModelStamp("LlamaForCausalLM", 2, 8, v, "abc")
+    return BigramTable(ids, probs, np.arange(v, dtype=np.int32), repeated_extension(ids, k, w),
+                       stamp)
+
+
+def test_context_rows_count_then_recency():
+    # query = last token 1; continuations after earlier 1s: (2,3) twice, (4,5) once (latest)
+    h = np.array([1, 2, 3, 9, 1, 2, 3, 9, 1, 4, 5, 9, 1])
+    assert context_rows(h, 1, 2, 5) == [[2, 3], [4, 5]]
+    # ties go to the most recent occurrence
+    h = np.array([1, 2, 3, 1, 4, 5, 1])
+    assert context_rows(h, 1, 2, 5) == [[4, 5], [2, 3]]
+    # a longer query, and a match needs w tokens after it
+    h = np.array([7, 1, 2, 3, 8, 1, 6, 6, 7, 1])
+    assert context_rows(h, 2, 2, 5) == [[2, 3]]
+    assert context_rows(np.array([1, 2, 1]), 1, 2, 5) == [[2, 1]]  # may overlap the query
+    assert context_rows(np.array([1, 5, 1]), 1, 3, 5) == []
+    assert context_rows(h, 1, 2, 0) == []
+
+
+def test_repeated_extension_and_rows():
+    t = toy_table()
+    assert t.rows(4, 2, 3) == [[5, 6, 7], [6, 7, 8]]
+    assert t.rows(4, 1, 5) == [[5, 6, 7, 8, 9]]  # wider than stored: repeat top-1
+    assert t.rows(99, 2, 2) == []
+    assert t.unigram_rows(2) == [[0], [1]]
+
+
+def test_mixed_rows_context_first_then_bigram():
+    t = toy_table()
+    h = np.array([3, 1, 2, 3])  # query 3 -> (1, 2); bigram rows after 3: 4.., 5..
+    rows = mixed_rows(h, t, 3, 2, max_query=1)
+    assert rows == [[1, 2], [4, 5], [5, 6]]
+    assert mixed_rows(h, None, 3, 2, 1) == [[1, 2]]
+
+
+def _propose(p: NGrammysProposer, hist: list[int], rid: str = "a", max_len: int = 8) -> list[int]:
+    req = DraftRequest(row=0, req_id=rid, position=len(hist) - 1, token=hist[-1], max_len=max_len)
+    return p.propose(DraftBatch([rid], [req], np.asarray([hist]), np.asarray([len(hist)]))).drafts[0]
+
+
+def test_kept_rows_continue_after_matching_tokens():
+    t = toy_table()
+    p = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "keep_rows": True})
+    hist = [3, 1, 2, 9, 3]  # rows: context (1,2,9), bigram (4,5,6), (5,6,7)
+    assert _propose(p, hist) == [1, 2, 9]
+    # the target emitted 4, 5 (the second row's prefix): its rest comes first
+    assert _propose(p, hist + [4, 5]) == [6]
+    q = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "keep_rows": False})
+    _propose(q, hist)
+    assert _propose(q, hist + [4, 5]) == [6, 7, 8]  # plain bigram rows after 5
+    p.finish({"a"})
+    assert p.kept == {}
+
+
+def test_likelihood_selection_prefers_probable_rows():
+    t = toy_table()
+    p = NGrammysProposer(2, {"table": t, "num_rows": 3, "query_length": 1,
+                             "selection": "likelihood", "keep_rows": False})
+    # context row (1, 2) after 3 is not in the bigram rows of 3 (prob 0) -> bigram row wins
+    assert _propose(p, [3, 1, 2, 3]) == [4, 5]
+
+
+def test_draft_respects_max_len():
+    p = NGrammysProposer(3, {"table": toy_table(), "num_rows": 2, "query_length": 1})
+    assert _propose(p, [1, 2], max_len=1) == [3]
+
+
+def test_table_roundtrip_and_refusals(tmp_path):
+    t = toy_table()
+    f = tmp_path / "t.safetensors"
+    t.save(f)
+    u = BigramTable.load(f, expect=t.stamp)
+    assert u.rows(4, 2, 3) == t.rows(4, 2, 3)
+    other = ModelStamp("LlamaForCausalLM", 2, 8, 10, "def")
+    with pytest.raises(ArtifactMismatchError, match="bigram table .* another model"):
+        BigramTable.load(f, expect=other)
+    with pytest.raises(ArtifactMismatchError, match="vocabulary size"):
+        BigramTable.load(f, expect=ModelStamp("LlamaForCausalLM", 2, 8, 12, None))
+    with pytest.raises(BigramTableError, match="does not exist"):
+        BigramTable.load(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a table")
+    with pytest.raises(BigramTableError, match="cannot read"):
+        BigramTable.load(tmp_path / "junk.safetensors")
+
+
+def test_build_bigram_tool_on_tiny_model(tiny_model_path, tmp_path):
+    import torch
+
+    from vllm_selfspec.bigram_build import load_model, model_stamp
+
+    out = tmp_path / "tiny.safetensors"
+    cmd = [sys.executable, str(ROOT / "tools" / "build_bigram.py"), "--model", tiny_model_path,
+           "--top-k", "4", "--width", "3", "--extension", "greedy", "--extend-k", "1",
+           "--batch-size", "4096", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    model = load_model(tiny_model_path)
+    table = BigramTable.load(out, expect=model_stamp(model))
+    assert summary["vocab_size"] == table.vocab_size == model.config.vocab_size
+    # row x of the table is the top-k of the model's single-token forward
+    with torch.inference_mode():
+        pre = list(table.meta["prefix"])
+        assert pre  # the default prefix (a newline) puts x at position 1
+        x = torch.tensor([pre + [5], pre + [123]])
+        top = model(input_ids=x).logits[:, -1].topk(4, dim=-1).indices.numpy()
+    assert (table.bigram_ids[[5, 123]] == top).all()
+    # greedy extension of row 0: decode greedily from [prefix, x, bigram token]
+    with torch.inference_mode():
+        seq = torch.tensor([pre + [5, int(table.bigram_ids[5, 0])]])
+        nxt = int(model(input_ids=seq).logits[0, -1].argmax())
+    assert int(table.extended[5, 0, 0]) == nxt
+    # rows beyond extend_k are repeated-bigram rows
+    assert int(table.extended[5, 1, 0]) == int(table.bigram_ids[table.bigram_ids[5, 1], 0])
+
+
+def test_build_bigram_ray_shards_match_single_process(tiny_model_path, tmp_path):
+    pytest.importorskip("ray", reason="ray is installed with the [tools] extra")
+    single, sharded = tmp_path / "one.safetensors", tmp_path / "ray.safetensors"
+    common = ["--model", tiny_model_path, "--top-k", "3", "--width", "2", "--batch-size", "8192"]
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from tools import build_bigram
+build_bigram.main({common!r} + ["--out", {str(single)!r}])
+assert "ray" not in sys.modules  # without --ray nothing imports Ray
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+build_bigram.main({common!r} + ["--out", {str(sharded)!r}, "--ray", "--ray-workers", "2"])
+ray.shutdown()
+print("RAY-OK")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "RAY-OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    a, b = BigramTable.load(single), BigramTable.load(sharded)
+    # batch shapes differ between the runs, so float near-ties may order differently
+    assert (a.bigram_ids == b.bigram_ids).all(axis=1).mean() > 0.999
+    assert a.stamp == b.stamp and a.vocab_size == b.vocab_size
