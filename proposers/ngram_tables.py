@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from .artifacts import ArtifactMismatchError, ModelStamp, check_stamp
 
@@ -76,6 +75,7 @@ class BigramTable:
         return [[int(t)] for t in self.unigram_ids[:k]]
 
     def save(self, path: str | Path) -> None:
+        import torch
         from safetensors.torch import save_file
 
         meta = {"format": FORMAT, "stamp": json.dumps(self.stamp.to_json() if self.stamp else {}),
@@ -92,9 +92,9 @@ class BigramTable:
         save_file(tensors, str(tmp), metadata=meta)
         tmp.replace(p)
 
-    @classmethod
-    def load(cls, path: str | Path, expect: ModelStamp | None = None) -> "BigramTable":
-        """Read a table; with ``expect``, refuse one made for another model."""
+    @staticmethod
+    def _open(path: str | Path, arrays: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(metadata, tensors) of a table file; with ``arrays`` False only their shapes."""
         from safetensors import safe_open
 
         p = Path(path)
@@ -107,27 +107,49 @@ class BigramTable:
                     raise BigramTableError(f"{p} is not a bigram table of this plugin (format "
                                            f"{meta.get('format')!r}, expected {FORMAT!r}). "
                                            f"{BUILD_REMEDY}")
-                t = {k: f.get_tensor(k) for k in f.keys()}
+                t = {k: f.get_tensor(k) if arrays else f.get_slice(k).get_shape()
+                     for k in f.keys()}
         except BigramTableError:
             raise
         except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
             raise BigramTableError(f"cannot read bigram table {p} ({e}). {BUILD_REMEDY}") from None
+        return meta, t
+
+    @staticmethod
+    def _stamp(meta: dict[str, Any]) -> ModelStamp | None:
         stamp_json = json.loads(meta.get("stamp") or "{}")
-        stamp = ModelStamp.from_json(stamp_json) if stamp_json else None
+        return ModelStamp.from_json(stamp_json) if stamp_json else None
+
+    @classmethod
+    def load(cls, path: str | Path, expect: ModelStamp | None = None) -> "BigramTable":
+        """Read a table; with ``expect``, refuse one made for another model."""
+        meta, t = cls._open(path, arrays=True)
         table = cls(t["bigram_ids"].numpy(), t["bigram_probs"].float().numpy(),
-                    t["unigram_ids"].numpy(), t["extended"].numpy(), stamp,
-                    json.loads(meta.get("meta") or "{}"), str(p))
+                    t["unigram_ids"].numpy(), t["extended"].numpy(), cls._stamp(meta),
+                    json.loads(meta.get("meta") or "{}"), str(path))
         if expect is not None:
             table.check(expect)
         return table
 
+    @classmethod
+    def check_file(cls, path: str | Path, model: ModelStamp) -> dict[str, Any]:
+        """Start-up check of a table file against the model, reading its header only;
+        returns the build metadata."""
+        meta, shapes = cls._open(path, arrays=False)
+        _check(str(path), cls._stamp(meta), int(shapes["bigram_ids"][0]), model)
+        return json.loads(meta.get("meta") or "{}")
+
     def check(self, model: ModelStamp) -> None:
         """Refuse a table made for another model (ArtifactMismatchError) or vocabulary."""
-        check_stamp("bigram table", self.source, self.stamp, model, BUILD_REMEDY)
-        if self.vocab_size != model.vocab_size:
-            raise ArtifactMismatchError(
-                f"bigram table {self.source} covers a vocabulary of {self.vocab_size} tokens; this "
-                f"model has {model.vocab_size}. {BUILD_REMEDY}")
+        _check(self.source, self.stamp, self.vocab_size, model)
+
+
+def _check(source: str, stamp: ModelStamp | None, vocab: int, model: ModelStamp) -> None:
+    check_stamp("bigram table", source, stamp, model, BUILD_REMEDY)
+    if vocab != model.vocab_size:
+        raise ArtifactMismatchError(
+            f"bigram table {source} covers a vocabulary of {vocab} tokens; this model has "
+            f"{model.vocab_size}. {BUILD_REMEDY}")
 
 
 def repeated_extension(bigram_ids: np.ndarray, k: int, width: int) -> np.ndarray:

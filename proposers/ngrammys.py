@@ -30,8 +30,7 @@ import numpy as np
 
 from .base import DraftBatch, Proposal, Proposer
 from .ngram_tables import BigramTable
-
-SELECTIONS = ("first", "likelihood")
+from .ngrammys_defaults import DEFAULTS, SELECTIONS
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
 MAX_OCCURRENCES = 512
@@ -69,6 +68,13 @@ def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
                ) -> list[list[int]]:
     """§4.3: context rows first (longest query first), then extended-bigram rows
     (of width ``bigram_w``, default w)."""
+    return mixed_rows_counted(history, table, k, w, max_query, min_query, bigram_w)[0]
+
+
+def mixed_rows_counted(history: np.ndarray, table: BigramTable | None, k: int, w: int,
+                       max_query: int, min_query: int = 1, bigram_w: int | None = None
+                       ) -> tuple[list[list[int]], int]:
+    """``mixed_rows`` and how many of them are context rows."""
     rows: list[list[int]] = []
     seen: set[tuple[int, ...]] = set()
 
@@ -82,11 +88,12 @@ def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
         for r in context_rows(history, q, w, k - len(rows)):
             add(r)
         if len(rows) >= k:
-            return rows
+            return rows, len(rows)
+    n_context = len(rows)
     if table is not None and history.size:
         for r in table.rows(int(history[-1]), k, bigram_w or w):
             add(r)
-    return rows
+    return rows, n_context
 
 
 def row_likelihood(table: BigramTable, prev: int, row: list[int]) -> float:
@@ -117,24 +124,28 @@ class NGrammysProposer(Proposer):
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        table = options.get("table")
-        if table is None and options.get("table_path"):
-            table = BigramTable.load(options["table_path"])
+        opts = {**DEFAULTS, **options}
+        table = opts.get("table")
+        if table is None and opts.get("table_path"):
+            table = BigramTable.load(opts["table_path"])
         self.table: BigramTable | None = table
-        self.num_rows = int(options.get("num_rows", 10))
+        self.num_rows = int(opts["num_rows"])
         self.width = int(num_speculative_tokens)
-        self.bigram_width = min(self.width, int(options.get("bigram_width") or self.width))
-        self.max_query = int(options.get("query_length", 1))
-        self.min_query = int(options.get("min_query_length", 1))
-        self.selection = str(options.get("selection", "first"))
+        self.bigram_width = min(self.width, int(opts["bigram_width"] or self.width))
+        self.max_query = int(opts["query_length"])
+        self.min_query = int(opts["min_query_length"])
+        self.selection = str(opts["selection"])
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}")
-        self.keep_rows = bool(options.get("keep_rows", True))
+        self.keep_rows = bool(opts["keep_rows"])
+        # Only the first row is ever used: build just that one (same row, less work).
+        self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}
         self.stats.update({"from_kept": 0, "from_context": 0, "from_bigram": 0})
 
-    def candidates(self, history: np.ndarray, req_id: str | None = None) -> tuple[list[list[int]], int]:
-        """Candidate rows for a request, and how many of them come from kept rows."""
+    def candidates(self, history: np.ndarray, req_id: str | None = None
+                   ) -> tuple[list[list[int]], list[str]]:
+        """Candidate rows for a request and where each comes from (kept/context/bigram)."""
         rows: list[list[int]] = []
         if self.keep_rows and req_id is not None and req_id in self.kept:
             kept = self.kept[req_id]
@@ -144,17 +155,19 @@ class NGrammysProposer(Proposer):
                 for r in kept.rows:
                     if len(r) > e and r[:e] == emitted:
                         rows.append(r[e:])
-        n_kept = len(rows)
-        for r in mixed_rows(history, self.table, self.num_rows, self.width, self.max_query,
-                            self.min_query, self.bigram_width):
+        sources = ["kept"] * len(rows)
+        mixed, n_context = mixed_rows_counted(history, self.table, self.rows_needed, self.width,
+                                      self.max_query, self.min_query, self.bigram_width)
+        for j, r in enumerate(mixed):
             if r not in rows:
                 rows.append(r)
-        return rows, n_kept
+                sources.append("context" if j < n_context else "bigram")
+        return rows, sources
 
-    def choose(self, history: np.ndarray, rows: list[list[int]], n_kept: int) -> int:
+    def choose(self, history: np.ndarray, rows: list[list[int]], sources: list[str]) -> int:
         if not rows:
             return -1
-        if n_kept or self.selection == "first" or self.table is None:
+        if sources[0] == "kept" or self.selection == "first" or self.table is None:
             return 0
         prev = int(history[-1])
         scores = [row_likelihood(self.table, prev, r) for r in rows]
@@ -165,25 +178,18 @@ class NGrammysProposer(Proposer):
         assert batch.token_ids is not None and batch.num_tokens is not None
         for req in batch.requests:
             history = batch.token_ids[req.row, : int(batch.num_tokens[req.row])]
-            rows, n_kept = self.candidates(history, req.req_id)
-            i = self.choose(history, rows, n_kept)
+            rows, sources = self.candidates(history, req.req_id)
+            i = self.choose(history, rows, sources)
             if i < 0:
                 self.kept.pop(req.req_id, None)
                 continue
             drafts[req.row] = rows[i][: req.max_len]
             self.stats["steps"] += 1
-            src = "from_kept" if i < n_kept else ("from_context" if self._is_context(rows[i], history)
-                                                   else "from_bigram")
-            self.stats[src] += 1
+            self.stats["from_" + sources[i]] += 1
             if self.keep_rows:
-                self.kept[req.req_id] = _Kept(int(history.shape[0]), [r for j, r in enumerate(rows)
-                                                                      if j != i])
+                self.kept[req.req_id] = _Kept(int(history.shape[0]),
+                                              [r for j, r in enumerate(rows) if j != i])
         return Proposal(drafts)
-
-    def _is_context(self, row: list[int], history: np.ndarray) -> bool:
-        if self.table is None:
-            return True
-        return row not in self.table.rows(int(history[-1]), self.num_rows, self.bigram_width)
 
     def finish(self, req_ids: set[str]) -> None:
         for r in req_ids:

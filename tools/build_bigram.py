@@ -72,57 +72,44 @@ def prefix_ids(kind: str, model_path: str) -> list[int]:
     return [int(bos)]
 
 
-def _shard(a: dict[str, Any], path: str, start: int, end: int) -> tuple[np.ndarray, np.ndarray,
-                                                                         np.ndarray | None]:
-    """Bigram rows (and greedy extension) of tokens [start, end): one worker's share."""
-    import torch
+def table_spec(args: argparse.Namespace, model_path: str) -> Any:
+    from vllm_selfspec.bigram_build import TableSpec
 
-    from vllm_selfspec.bigram_build import bigram_topk, greedy_extension, load_model
-
-    model = load_model(path, getattr(torch, a["dtype"]), a["device"])
-    ids, probs = bigram_topk(model, a["top_k"], start, end, a["batch_size"], prefix=a["_prefix"])
-    ext = None
-    if a["extension"] == "greedy" and a["width"] > 1:
-        # the extension indexes the bigram rows by token: pad the rows of this shard
-        full = np.zeros((end, a["top_k"]), dtype=np.int32)
-        full[start:end] = ids
-        ke = min(a["top_k"], a["extend_k"] or a["top_k"])
-        ext = greedy_extension(model, full, ke, a["width"], start, end, a["batch_size"],
-                               prefix=a["_prefix"])
-    return ids, probs, ext
+    return TableSpec(top_k=args.top_k, width=args.width, extension=args.extension,
+                     extend_k=args.extend_k, prefix=prefix_ids(args.prefix, model_path),
+                     unigram_size=args.unigram_size, batch_size=args.batch_size)
 
 
 def build_with_ray(args: argparse.Namespace, model_path: str) -> Any:
+    """Shard the vocabulary over Ray workers (each loads its own model), assemble here."""
     import ray  # only with --ray
+    import torch
+    from tqdm import tqdm
 
-    from vllm_selfspec.bigram_build import load_model, model_stamp, unigram_ranking
-    from vllm_selfspec.proposers.ngram_tables import BigramTable, repeated_extension
+    from vllm_selfspec.bigram_build import assemble, load_model, vocab_size
 
     if not ray.is_initialized():
         ray.init(address=args.ray_address, ignore_reinit_error=True, log_to_driver=False)
     root = str(Path(__file__).resolve().parent.parent)
 
     @ray.remote(num_cpus=args.ray_cpus_per_worker)
-    def shard(a: dict[str, Any], path: str, start: int, end: int) -> Any:
+    def shard(spec: Any, path: str, dtype: str, device: str, threads: int, start: int,
+              end: int) -> Any:
         sys.path.insert(0, root)
         import torch
 
-        torch.set_num_threads(max(1, int(a["_threads"])))
-        from tools.build_bigram import _shard
+        torch.set_num_threads(threads)
+        from vllm_selfspec.bigram_build import load_model, shard_rows
 
-        return _shard(a, path, start, end)
+        return shard_rows(load_model(path, getattr(torch, dtype), device), spec, start, end)
 
     t0 = time.perf_counter()
-    model = load_model(model_path)  # stamp, vocabulary and unigram (cheap) on the driver
-    stamp = model_stamp(model, args.model)
-    vocab = stamp.vocab_size
-    a = {**vars(args), "_threads": max(1, int(args.ray_cpus_per_worker)),
-         "_prefix": prefix_ids(args.prefix, model_path)}
-    bounds = np.linspace(0, vocab, args.ray_workers * 4 + 1).astype(int)
-    futures = [shard.remote(a, model_path, int(lo), int(hi)) for lo, hi in zip(bounds, bounds[1:])
-               if hi > lo]
-    from tqdm import tqdm
-
+    spec = table_spec(args, model_path)
+    model = load_model(model_path, getattr(torch, args.dtype))  # stamp and unigram here
+    bounds = np.linspace(0, vocab_size(model), args.ray_workers * 4 + 1).astype(int)
+    threads = max(1, int(args.ray_cpus_per_worker))
+    futures = [shard.remote(spec, model_path, args.dtype, args.device, threads, int(lo), int(hi))
+               for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
     parts: list[Any] = [None] * len(futures)
     pending = list(futures)
     with tqdm(total=len(futures), desc="vocabulary shards") as bar:
@@ -131,17 +118,8 @@ def build_with_ray(args: argparse.Namespace, model_path: str) -> Any:
             for d in done:
                 parts[futures.index(d)] = ray.get(d)
                 bar.update(1)
-    ids = np.concatenate([p[0] for p in parts])
-    probs = np.concatenate([p[1] for p in parts])
-    ext = repeated_extension(ids, args.top_k, args.width)
-    if args.extension == "greedy" and args.width > 1:
-        g = np.concatenate([p[2] for p in parts])
-        ext[:, : g.shape[1]] = g
-    uni = unigram_ranking(model, args.unigram_size)
-    meta = {"top_k": args.top_k, "width": args.width, "extension": args.extension,
-            "extend_k": args.extend_k, "prefix": a["_prefix"], "build_seconds": round(time.perf_counter() - t0, 1),
-            "ray_workers": args.ray_workers, "device": args.device, "dtype": args.dtype}
-    return BigramTable(ids, probs, uni, ext, stamp, meta)
+    return assemble(model, spec, parts, args.model, t0, device=args.device,
+                    ray_workers=args.ray_workers)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -157,10 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         table = build_with_ray(args, model_path)
     else:
         model = load_model(model_path, getattr(torch, args.dtype), args.device)
-        table = build_table(model, args.top_k, args.width, args.extension, args.unigram_size,
-                            args.batch_size, name=args.model,
-                            progress=lambda it: tqdm(list(it), desc="vocabulary batches"),
-                            extend_k=args.extend_k, prefix=prefix_ids(args.prefix, model_path))
+        table = build_table(model, table_spec(args, model_path), name=args.model,
+                            progress=lambda it: tqdm(list(it), desc="vocabulary batches"))
     out = Path(args.out)
     table.save(out)
     summary = {"out": str(out), "model": table.stamp.to_json() if table.stamp else None,

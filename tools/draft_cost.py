@@ -147,7 +147,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec.llm_engine.engine_core.shutdown()
     del spec
     verify_k = fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
-    v = (verify_k - forward_1) / (args.k * decode_s) if verify_k else 0.15
+    if not verify_k or not forward_1:
+        raise SystemExit(f"no plain steps or no verification steps of {args.k} drafts were timed; "
+                         "raise --max-tokens")
+    v = (verify_k - forward_1) / (args.k * decode_s)
     uniform_rows = [r for r in rows if r["mask"].startswith("kept")]
     a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
                     [r["ratio_to_decode_step"] for r in uniform_rows])
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{r['mask']:<20} {r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}"
               f"         {r['ratio_to_decode_step']:.3f}")
     print(report["fit"]["formula"])
-    print(f"verifying {args.k} drafts: forward {1000 * (verify_k or 0):.1f} ms vs "
+    print(f"verifying {args.k} drafts: forward {1000 * verify_k:.1f} ms vs "
           f"{1000 * forward_1:.1f} ms for one token -> {v:.3f} decode steps per extra token")
     print("cost model:", json.dumps(report["cost_model"]))
     if args.json_out:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest  # noqa: E402
 from vllm_selfspec.proposers.ngram_tables import BigramTable  # noqa: E402
-from vllm_selfspec.proposers.ngrammys import NGrammysProposer  # noqa: E402
+from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows  # noqa: E402
 
 Rows = Callable[[np.ndarray], list[list[int]]]
 
@@ -50,9 +50,10 @@ def match_len(row: list[int], future: list[int]) -> int:
     return n
 
 
-def replay_oracle(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_step: int = 1
-                  ) -> tuple[int, int, int]:
-    """Tokens, target calls and drafted tokens when a step yields 1 + the best row's match."""
+def replay(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_step: int = 1
+           ) -> tuple[int, int, int]:
+    """Tokens, target calls and drafted tokens when each step verifies ``rows_fn``'s rows
+    and yields 1 + the longest match (one row: the engine; k rows: the batched oracle)."""
     hist = list(prompt) + cont[:1]
     t, calls, drafted = 1, 1, 0  # the prefill produced the first token
     while t < len(cont):
@@ -68,25 +69,16 @@ def replay_oracle(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_s
 
 def replay_proposer(prompt: list[int], cont: list[int], proposer: NGrammysProposer
                     ) -> tuple[int, int, int]:
-    """Tokens, target calls and drafted tokens of the engine's proposer (one chain per step)."""
-    hist = list(prompt) + cont[:1]
-    t, calls, drafted = 1, 1, 0
-    rid = "r"
-    while t < len(cont):
-        limit = len(cont) - t - 1
-        draft: list[int] = []
-        if limit > 0:
-            arr = np.asarray([hist])
-            req = DraftRequest(row=0, req_id=rid, position=len(hist) - 1, token=hist[-1],
-                               max_len=limit)
-            draft = proposer.propose(DraftBatch([rid], [req], arr, np.asarray([len(hist)]))).drafts[0]
-        a = match_len(draft, cont[t:])
-        drafted += len(draft)
-        hist += cont[t: t + a + 1]
-        t += a + 1
-        calls += 1
-    proposer.finish({rid})
-    return len(cont), calls, drafted
+    """``replay`` of the engine's proposer: its one chain per step."""
+    def chain(h: np.ndarray) -> list[list[int]]:
+        req = DraftRequest(row=0, req_id="r", position=len(h) - 1, token=int(h[-1]),
+                           max_len=len(cont))
+        return [proposer.propose(DraftBatch(["r"], [req], h[None], np.asarray([len(h)]))).drafts[0]]
+
+    try:
+        return replay(prompt, cont, chain)
+    finally:
+        proposer.finish({"r"})
 
 
 def summarize(runs: list[tuple[int, int, int]], verify_per_token: float) -> dict[str, float]:
@@ -106,21 +98,20 @@ def continuations(model_path: str, dataset: str, split: str, n: int, max_tokens:
 
     tok = AutoTokenizer.from_pretrained(model_path)
     ps = load_prompts(dataset, tok, split, n, 512)
-    ids = [p.id for p in ps]
-    if cache.exists():
-        c = json.loads(cache.read_text())
-        if c.get("ids") == ids and c.get("max_tokens") == max_tokens:
-            return [p.token_ids for p in ps], c["continuations"]
     from tqdm import tqdm
 
-    from vllm_selfspec.hf_target import HFTarget
+    from vllm_selfspec.hf_target import HFTarget, cached_continuations
 
-    target = HFTarget(model_path)
-    conts = [target.generate_greedy(p.token_ids, max_tokens)
-             for p in tqdm(ps, desc=f"{dataset} continuations")]
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"ids": ids, "max_tokens": max_tokens, "continuations": conts}))
-    return [p.token_ids for p in ps], conts
+    target: list[HFTarget] = []  # loaded only if the cache misses
+
+    def generate(p: list[int], n: int) -> list[int]:
+        if not target:
+            target.append(HFTarget(model_path))
+        return target[0].generate_greedy(p, n)
+
+    prompts = [p.token_ids for p in ps]
+    return prompts, cached_continuations(cache, [p.id for p in ps], prompts, max_tokens, generate,
+                                         lambda it: tqdm(it, desc=f"{dataset} continuations"))
 
 
 def figure2(data: list[tuple[list[int], list[int]]], table: BigramTable, ks: list[int],
@@ -135,7 +126,7 @@ def figure2(data: list[tuple[list[int], list[int]]], table: BigramTable, ks: lis
     for name, make in strategies.items():
         out[name] = []
         for k in ks:
-            runs = [replay_oracle(p, c, make(k)) for p, c in data]
+            runs = [replay(p, c, make(k)) for p, c in data]
             out[name].append({"k": k, **summarize(runs, vpt)})
     return out
 
@@ -150,12 +141,11 @@ def realizations(data: list[tuple[list[int], list[int]]], table: BigramTable,
                 "selection": cfg["selection"], "keep_rows": cfg["keep_rows"]}
         prop = NGrammysProposer(w, opts)
         a = summarize([replay_proposer(p, c, prop) for p, c in data], vpt)
-        cand = NGrammysProposer(w, {**opts, "keep_rows": False})
 
-        def rows_fn(h: np.ndarray, cand: NGrammysProposer = cand) -> list[list[int]]:
-            return cand.candidates(h)[0]
+        def rows_fn(h: np.ndarray, cfg: dict[str, Any] = cfg) -> list[list[int]]:
+            return mixed_rows(h, table, cfg["k"], cfg["w"], cfg["q"], 1, cfg["bw"])
 
-        oracle = [replay_oracle(p, c, rows_fn) for p, c in data]
+        oracle = [replay(p, c, rows_fn) for p, c in data]
         b = summarize([(t, 2 * (n - 1) + 1, d) for t, n, d in oracle], vpt)
         o = summarize(oracle, vpt)
         rows.append({**cfg, "chain": a, "b_score_rows": b, "oracle": o})

@@ -190,23 +190,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model_path = resolve_model(args.model)
     t0 = time.time()
 
-    from vllm_selfspec.hf_target import HFTarget
+    from vllm_selfspec.model_info import stamp_from_path
 
+    stamp = stamp_from_path(model_path)  # config + three small tensors, no model load
+    num_layers = stamp.num_layers
     if args.ray:
         evaluate_batch, describe, _workers = ray_evaluator(args, model_path)
-        stamp_target = HFTarget(model_path)
-        stamp, num_layers = stamp_target.stamp(), stamp_target.num_layers
-        del stamp_target
         batch = args.ray_workers
     else:
         obj = build_objective(vars(args), model_path,
                               progress=lambda xs: tqdm(xs, desc="full-model continuations"))
-        if args.objective == "proxy":
-            stamp, num_layers = obj.target.stamp(), obj.target.num_layers
-        else:
-            t = HFTarget(model_path)
-            stamp, num_layers = t.stamp(), t.num_layers
-            del t
+        if stamp.fingerprint is None and args.objective == "proxy":
+            stamp = obj.target.stamp()  # hub model: fingerprint from the loaded weights
 
         def evaluate_batch(masks: list[SkipMask]) -> list[dict[str, Any]]:
             return [obj.evaluate(m) for m in masks]

@@ -20,18 +20,45 @@ decoders with rotary attention).
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
 from vllm_selfspec.adapters import SUPPORTED_ARCHITECTURES, UnsupportedModelError
-from vllm_selfspec.proposers.artifacts import ModelStamp, fingerprint_names, weights_fingerprint
+from vllm_selfspec.proposers.artifacts import ModelStamp
 from vllm_selfspec.proposers.expected_speedup import CostModel
 from vllm_selfspec.proposers.skip_mask import SkipMask
+
+
+def cached_continuations(path: Path | None, prompt_ids: list[str], prompts: list[list[int]],
+                         max_tokens: int, generate: Callable[[list[int], int], list[int]],
+                         progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x
+                         ) -> list[list[int]]:
+    """The full model's greedy continuations of ``prompts``, generated once and cached in
+    ``path`` (JSON keyed by the prompt ids and length; written atomically, since Ray
+    workers may share it)."""
+    if path is not None and path.exists():
+        try:
+            cached = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            cached = {}
+        if cached.get("prompt_ids") == prompt_ids and cached.get("max_tokens") == max_tokens:
+            return cached["continuations"]
+    conts = [generate(p, max_tokens) for p in progress(prompts)]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"prompt_ids": prompt_ids, "max_tokens": max_tokens,
+                                   "continuations": conts}))
+        os.replace(tmp, path)
+    return conts
 
 
 @dataclass
@@ -83,12 +110,9 @@ class HFTarget:
 
     # ---- identity ------------------------------------------------------------------
     def stamp(self) -> ModelStamp:
-        sd = dict(self.model.named_parameters())
-        names = fingerprint_names(self.num_layers)
-        fp = weights_fingerprint([sd[n] for n in names]) if all(n in sd for n in names) else None
-        cfg = self.model.config
-        return ModelStamp(self.architecture, self.num_layers, int(cfg.hidden_size),
-                          self.vocab_size, fp, name=str(self.name).rstrip("/").split("/")[-1])
+        from vllm_selfspec.model_info import stamp_from_model
+
+        return stamp_from_model(self.model, str(self.name))
 
     # ---- full model ------------------------------------------------------------------
     @torch.inference_mode()

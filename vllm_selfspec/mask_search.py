@@ -140,30 +140,14 @@ class ProxyObjective:
                  exit_cfg: DraftExitConfig, cost: CostModel | None = None,
                  continuations_path: Path | None = None, device: str = "cpu",
                  progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x) -> None:
-        from vllm_selfspec.hf_target import HFTarget
+        from vllm_selfspec.hf_target import HFTarget, cached_continuations
 
         self.target = HFTarget(model_path, device=device)
         self.k, self.exit_cfg = k, exit_cfg
         self.dev = dev
-        cached = None
-        if continuations_path is not None and continuations_path.exists():
-            try:
-                cached = json.loads(continuations_path.read_text())
-            except json.JSONDecodeError:
-                cached = None
-            if cached and (cached.get("prompt_ids") != dev.prompt_ids
-                           or cached.get("max_tokens") != max_tokens):
-                cached = None
-        if cached is not None:
-            dev.continuations = cached["continuations"]
-        else:
-            dev.continuations = [self.target.generate_greedy(p, max_tokens)
-                                 for p in progress(dev.prompts)]
-            if continuations_path is not None:  # atomic: Ray workers may share it
-                tmp = continuations_path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps({"prompt_ids": dev.prompt_ids, "max_tokens": max_tokens,
-                                           "continuations": dev.continuations}))
-                os.replace(tmp, continuations_path)
+        dev.continuations = cached_continuations(continuations_path, dev.prompt_ids,
+                                                 dev.prompts, max_tokens,
+                                                 self.target.generate_greedy, progress)
         self.prepared = [self.target.prepare(p, c) for p, c in zip(dev.prompts, dev.continuations)]
         self.cost = cost or self.target.time_costs(self.prepared[0])
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+from vllm_selfspec.proposers import ngrammys_defaults
 
 PLUGIN_KEY = "vllm_selfspec"
 DRAFTER_CLASS = "vllm_selfspec.drafter.PluginDrafter"
@@ -98,6 +100,8 @@ class Method:
     default_k: int
     keys: tuple[Key, ...]
     summary: str
+    # constraints between keys, on the validated options (raise SelfSpecConfigError)
+    check: Callable[[dict[str, Any]], None] | None = None
 
     def key(self, name: str) -> Key | None:
         return next((k for k in self.keys if k.name == name), None)
@@ -122,14 +126,6 @@ COMMON_KEYS = (
         "bool"),
 )
 
-# N-Grammys defaults: chosen with tools/ngrammys_calls.py on the dev split (README).
-NGRAMMYS_DEFAULT_K = 10
-NGRAMMYS_DEFAULT_W = 8
-NGRAMMYS_DEFAULT_Q = 3
-NGRAMMYS_DEFAULT_BIGRAM_W = 2
-NGRAMMYS_DEFAULT_SELECTION = "first"
-NGRAMMYS_DEFAULT_KEEP = False
-
 SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
@@ -150,31 +146,40 @@ SELFSPEC = Method(
     ),
 )
 
+def _check_query_lengths(opts: dict[str, Any]) -> None:
+    if opts["min_query_length"] > opts["query_length"]:
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: min_query_length ({opts['min_query_length']}) must not exceed "
+            f"query_length ({opts['query_length']})")
+
+
+NG = ngrammys_defaults.DEFAULTS  # chosen with tools/ngrammys_calls.py on the dev split (README)
 NGRAMMYS = Method(
     name="ngrammys",
     aliases=("n-grammys", "n_grammys"),
     proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
-    default_k=NGRAMMYS_DEFAULT_W,
+    default_k=NG["width"],
     summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
             "(extended) bigram table; one chain of k candidate rows per step",
     keys=(
         Key("bigram_table", None, "bigram table from tools/build_bigram.py. Default: the table "
             "cached for this model, else one is built at start-up and cached", "str"),
-        Key("num_rows", NGRAMMYS_DEFAULT_K, "candidate rows per step (context matches first, "
+        Key("num_rows", NG["num_rows"], "candidate rows per step (context matches first, "
             "then bigram rows)", "int", 1, 64, symbol="k"),
-        Key("bigram_width", NGRAMMYS_DEFAULT_BIGRAM_W, "width of the extended-bigram rows (at most "
+        Key("bigram_width", NG["bigram_width"], "width of the extended-bigram rows (at most "
             "num_speculative_tokens, the width of context rows)", "int", 1, 128),
-        Key("query_length", NGRAMMYS_DEFAULT_Q, "longest context query; shorter ones are tried "
+        Key("query_length", NG["query_length"], "longest context query; shorter ones are tried "
             "after it down to min_query_length", "int", 1, 16, symbol="q"),
-        Key("min_query_length", 1, "shortest context query", "int", 1, 16),
-        Key("selection", NGRAMMYS_DEFAULT_SELECTION, "which row becomes the chain: 'first' (the "
+        Key("min_query_length", NG["min_query_length"], "shortest context query", "int", 1, 16),
+        Key("selection", NG["selection"], "which row becomes the chain: 'first' (the "
             "paper's mixed order) or 'likelihood' (most likely under the bigram table)", "str",
-            choices=("first", "likelihood")),
-        Key("keep_rows", NGRAMMYS_DEFAULT_KEEP, "keep unchosen rows; propose a kept row's rest "
+            choices=ngrammys_defaults.SELECTIONS),
+        Key("keep_rows", NG["keep_rows"], "keep unchosen rows; propose a kept row's rest "
             "when the target's next tokens match its prefix", "bool"),
         # Drafts cost almost nothing here, so the gate's plain windows only lose time.
         Key("cost_gate", False, COMMON_KEYS[0].help, "bool"),
     ),
+    check=_check_query_lengths,
 )
 
 METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, NGRAMMYS)}
@@ -220,6 +225,8 @@ def split_config(raw: Mapping[str, Any]) -> tuple[Method, dict[str, Any], dict[s
             f"vllm_selfspec: draft_sample_method must be 'greedy' or 'probabilistic', got {dsm!r}")
     for key in method.keys:
         opts.setdefault(key.name, key.default)
+    if method.check is not None:
+        method.check(opts)
     opts["method"] = method.name
     opts["draft_sample_method"] = dsm
     return method, core, opts

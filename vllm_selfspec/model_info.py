@@ -66,13 +66,12 @@ def read_fingerprint(model_dir: str, num_layers: int) -> str | None:
         return None
 
 
-def model_info(model_config: Any) -> ModelInfo:
-    """Build ModelInfo from vLLM's ModelConfig (front-end process)."""
-    hf = _text_config(model_config.hf_config)
-    archs = list(getattr(model_config.hf_config, "architectures", None) or [])
+def stamp_from_config(hf_config: Any, path: str) -> ModelStamp:
+    """The stamp of a model from its HF config, fingerprint read from ``path``'s files."""
+    hf = _text_config(hf_config)
+    archs = list(getattr(hf_config, "architectures", None) or [])
     num_layers = int(getattr(hf, "num_hidden_layers"))
-    path = str(model_config.model)
-    stamp = ModelStamp(
+    return ModelStamp(
         architecture=archs[0] if archs else "",
         num_layers=num_layers,
         hidden_size=int(getattr(hf, "hidden_size")),
@@ -80,4 +79,28 @@ def model_info(model_config: Any) -> ModelInfo:
         fingerprint=read_fingerprint(path, num_layers),
         name=os.path.basename(path.rstrip("/")),
     )
-    return ModelInfo(stamp=stamp, path=path)
+
+
+def stamp_from_path(model_path: str) -> ModelStamp:
+    """The stamp of a local model folder without loading its weights (offline tools)."""
+    from transformers import AutoConfig
+
+    return stamp_from_config(AutoConfig.from_pretrained(model_path), model_path)
+
+
+def stamp_from_model(model: Any, name: str = "") -> ModelStamp:
+    """The stamp of a loaded transformers model (fingerprint from its parameters)."""
+    hf = _text_config(model.config)
+    n = int(hf.num_hidden_layers)
+    params = dict(model.named_parameters())
+    names = fingerprint_names(n)
+    fp = weights_fingerprint([params[k] for k in names]) if all(k in params for k in names) else None
+    arch = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
+    return ModelStamp(arch, n, int(hf.hidden_size), int(hf.vocab_size), fp,
+                      name=str(name).rstrip("/").split("/")[-1] or None)
+
+
+def model_info(model_config: Any) -> ModelInfo:
+    """Build ModelInfo from vLLM's ModelConfig (front-end process)."""
+    path = str(model_config.model)
+    return ModelInfo(stamp=stamp_from_config(model_config.hf_config, path), path=path)

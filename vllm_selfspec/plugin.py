@@ -58,20 +58,15 @@ def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) ->
 
 
 def _resolve_bigram_table(opts: dict[str, Any], info: Any) -> str:
-    """ngrammys: the user's table (checked against the model), else the cached or a new one."""
+    """ngrammys: the user's table, else the cached or a new one; checked against the model
+    from the file header (the worker loads the arrays)."""
     from vllm_selfspec.bigram_build import table_for_model
     from vllm_selfspec.proposers.ngram_tables import BigramTable
 
-    if opts["min_query_length"] > opts["query_length"]:
-        raise SelfSpecConfigError(
-            f"vllm_selfspec: min_query_length ({opts['min_query_length']}) must not exceed "
-            f"query_length ({opts['query_length']})")
-    path = opts.get("bigram_table")
-    if path is None:
-        path = str(table_for_model(info.path, info.stamp, top_k=32, width=4))
-    table = BigramTable.load(path, expect=info.stamp)
-    logger.info("vllm_selfspec: bigram table %s (top-%d, width %d, %s extension)", path,
-                table.top_k, table.max_width, table.meta.get("extension", "?"))
+    path = opts.get("bigram_table") or str(table_for_model(info.path, info.stamp))
+    meta = BigramTable.check_file(path, info.stamp)
+    logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
+                meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
     return str(path)
 
 

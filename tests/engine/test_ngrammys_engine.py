@@ -72,7 +72,8 @@ def test_greedy_identical(engine, eval_prompts, plain):
 
 
 def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, plain):
-    from vllm_selfspec.bigram_build import cached_table_path, stamp_from_path
+    from vllm_selfspec.bigram_build import cached_table_path
+    from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
     from vllm_selfspec.proposers.ngram_tables import BigramTable
     from vllm_selfspec.proposers.ngrammys import NGrammysProposer

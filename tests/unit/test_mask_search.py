@@ -1,6 +1,5 @@
 """Search space, layouts, and the resumable BO loop (with a cheap synthetic objective)."""
 
-import json
 
 import pytest
 

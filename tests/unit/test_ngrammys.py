@@ -65,12 +65,14 @@ def _propose(p: NGrammysProposer, hist: list[int], rid: str = "a", max_len: int 
 
 def test_kept_rows_continue_after_matching_tokens():
     t = toy_table()
-    p = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "keep_rows": True})
+    p = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "bigram_width": 3,
+                             "keep_rows": True})
     hist = [3, 1, 2, 9, 3]  # rows: context (1,2,9), bigram (4,5,6), (5,6,7)
     assert _propose(p, hist) == [1, 2, 9]
     # the target emitted 4, 5 (the second row's prefix): its rest comes first
     assert _propose(p, hist + [4, 5]) == [6]
-    q = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "keep_rows": False})
+    q = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "bigram_width": 3,
+                             "keep_rows": False})
     _propose(q, hist)
     assert _propose(q, hist + [4, 5]) == [6, 7, 8]  # plain bigram rows after 5
     p.finish({"a"})
@@ -111,7 +113,8 @@ def test_table_roundtrip_and_refusals(tmp_path):
 def test_build_bigram_tool_on_tiny_model(tiny_model_path, tmp_path):
     import torch
 
-    from vllm_selfspec.bigram_build import load_model, model_stamp
+    from vllm_selfspec.bigram_build import load_model
+    from vllm_selfspec.model_info import stamp_from_model as model_stamp
 
     out = tmp_path / "tiny.safetensors"
     cmd = [sys.executable, str(ROOT / "tools" / "build_bigram.py"), "--model", tiny_model_path,
