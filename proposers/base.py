@@ -29,9 +29,22 @@ class DraftRequest:
     position: int  # position of the newest token; KV exists for positions < this
     token: int  # the newest token (accepted or bonus), not yet in the KV cache
     max_len: int  # most drafts allowed for this request now (<= K)
+    num_output_tokens: int = 0  # tokens the model generated so far (the newest included)
     temperature: float = 0.0  # 0 = greedy verification
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
+
+
+@dataclass
+class ContextWindow:
+    """Tokens a request already verified, for teacher-forced scoring (SWIFT §4.1.2):
+    ``inputs`` sit at positions ``start..start+n-1`` (their KV is in the cache) and
+    ``targets[i]`` is the token the model emitted after ``inputs[i]``."""
+
+    row: int
+    start: int
+    inputs: list[int]
+    targets: list[int]
 
 
 @dataclass
@@ -70,6 +83,11 @@ class LayerSkipTarget(Protocol):
                    mask: SkipMask, draft_index: int) -> torch.Tensor:
         """Run ``tokens`` at ``positions`` through the sub-layers ``mask`` keeps,
         writing their KV at those positions, and return logits [n, V]."""
+        ...
+
+    def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
+        """Teacher-forced agreement of each mask over the windows, writing no KV:
+        [len(masks), total window tokens] bools."""
         ...
 
 

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 from vllm_selfspec.control import drafter_stats
 
                 st = e.llm.collective_rpc(drafter_stats)[0]
-                e.extra["drafter"] = {k: v for k, v in st.items()}
+                e.extra["drafter"] = {k: v for k, v in st.items() if k != "trace"}  # swift's is long
             except Exception as ex:  # stats are informative only
                 e.extra["drafter"] = {"error": str(ex)}
     base = next(e for e in entries if e.method == "baseline")

@@ -77,6 +77,29 @@ class PreNormDecoderAdapter:
         h, _ = self.inner.norm(h, residual)
         return h
 
+    def run_per_token(self, hidden: torch.Tensor, positions: torch.Tensor,
+                      keep_attention: torch.Tensor, keep_mlp: torch.Tensor) -> torch.Tensor:
+        """Residual stream where every token has its own mask (SWIFT §4.1.2,
+        parallel candidate evaluation): ``keep_*`` are [T, L] 0/1 tensors and a
+        sub-block's output is added only for the tokens that keep it. A sub-block
+        no token keeps is not run, and an MLP (token-wise: ~3/4 of a layer's
+        FLOPs) runs on the tokens that keep it only. Used only for scoring
+        (unfused norms: the numerics differ from ``run`` in the last bits)."""
+        residual = hidden
+        for i, layer in enumerate(self.layers):
+            ka, km = keep_attention[:, i], keep_mlp[:, i]
+            if bool(ka.any()):
+                out = layer.self_attn(positions=positions,
+                                      hidden_states=layer.input_layernorm(residual))
+                residual = residual + out * ka.unsqueeze(1).to(out.dtype)
+            if bool(km.all()):
+                residual = residual + layer.mlp(layer.post_attention_layernorm(residual))
+            elif bool(km.any()):
+                rows = km.nonzero().squeeze(1)
+                part = residual.index_select(0, rows)
+                residual = residual.index_add(0, rows, layer.mlp(layer.post_attention_layernorm(part)))
+        return self.inner.norm(residual)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.compute_logits(hidden)
 

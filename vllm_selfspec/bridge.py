@@ -76,6 +76,7 @@ def draft_requests(runner: Any, ctx: DraftContext, k: int) -> list[DraftRequest]
         greedy = sp.temperature < GREEDY_EPS
         out.append(DraftRequest(
             row=row, req_id=req_id, position=position, token=token, max_len=limit,
+            num_output_tokens=n_out,
             temperature=0.0 if greedy else float(sp.temperature),
             top_k=int(sp.top_k) if sp.top_k and sp.top_k > 0 else 0,
             top_p=float(sp.top_p)))

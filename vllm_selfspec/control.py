@@ -30,6 +30,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     if ex is not None:
         out["draft_exit_threshold"] = ex.threshold
     out["describe"] = d.proposer.describe()
+    if hasattr(d.proposer, "report"):
+        out.update(d.proposer.report())
     gate = getattr(d, "gate", None)
     if gate is not None:
         out["cost_gate"] = {"rate": dict(gate.rate), "winner": gate.winner,

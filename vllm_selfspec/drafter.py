@@ -77,6 +77,7 @@ class PluginDrafter:
         self._view: Any = None
         self._last_stats = time.monotonic()
         self.gate = CostGate() if opts.get("cost_gate", False) else None
+        self._phase_changes = 0
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us
@@ -115,6 +116,8 @@ class PluginDrafter:
 
             self._view = TargetView(runner, self.adapter)
             self.proposer.bind(self._view)
+            if hasattr(self.proposer, "mask_saver") and self.opts.get("mask_cache"):
+                self.proposer.mask_saver = self._save_mask
             logger.info("vllm_selfspec: %s", self.proposer.describe())
         return self._view
 
@@ -128,11 +131,8 @@ class PluginDrafter:
                 self.proposer.finish(set(finished))
             if not self.drafting:
                 return [[] for _ in ctx.req_ids], None
-            if self.gate is not None:
-                self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
-                                 decode_only(ctx.scheduler_output))
-                if not self.gate.should_draft():
-                    return [[] for _ in ctx.req_ids], None
+            if not self._gate_allows_drafting(ctx):
+                return [[] for _ in ctx.req_ids], None
             view = self._target_view(runner)
             if view is not None:
                 view.begin_step(ctx.common_attn_metadata)
@@ -147,6 +147,34 @@ class PluginDrafter:
         proposal = safe_propose(self.proposer, batch)
         self._maybe_log_stats()
         return proposal.drafts, proposal.probs
+
+    def _save_mask(self, mask: Any, info: dict[str, Any]) -> None:
+        """SWIFT found a layer set: save it for ``cache_hit`` (never fatal)."""
+        from vllm_selfspec.masks import save_swift_mask
+
+        path = self.opts["mask_cache"]
+        try:
+            save_swift_mask(path, mask, self.opts["model_stamp"], info)
+            logger.info("vllm_selfspec: swift saved its layer set (%s) to %s", mask.describe(), path)
+        except OSError as e:
+            log_once(logging.WARNING, "swift-save", "vllm_selfspec: could not save the swift "
+                     "layer set to %s (%s)", path, e)
+
+    def _gate_allows_drafting(self, ctx: DraftContext) -> bool:
+        """The cost gate's verdict for this step. SWIFT's optimization phase pauses
+        the gate (its steps must run to find a layer set); a new phase starts the
+        gate afresh, since the layer set changed."""
+        if self.gate is None:
+            return True
+        changes = getattr(self.proposer, "phase_changes", 0)
+        if changes != self._phase_changes:
+            self._phase_changes = changes
+            self.gate = CostGate()
+        if getattr(self.proposer, "optimizing", False):
+            return True
+        self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
+                         decode_only(ctx.scheduler_output))
+        return self.gate.should_draft()
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

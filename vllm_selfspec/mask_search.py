@@ -290,24 +290,10 @@ class SearchConfig:
 
 
 def make_optimizer(cfg: SearchConfig) -> Any:
-    from bayes_opt import BayesianOptimization, acquisition
+    from vllm_selfspec.proposers.layer_set_search import light_optimizer
 
-    def lighter(base: type) -> type:
-        class Lighter(base):  # type: ignore[misc, valid-type]
-            def suggest(self, *a: Any, **kw: Any) -> Any:
-                kw["n_random"], kw["n_smart"] = cfg.acq_random, cfg.acq_starts
-                return super().suggest(*a, **kw)
-
-        return Lighter
-
-    acq: Any = lighter(acquisition.UpperConfidenceBound)(kappa=cfg.kappa, random_state=cfg.seed)
-    if cfg.batch > 1:
-        acq = lighter(acquisition.ConstantLiar)(acq, strategy="max", random_state=cfg.seed)
-    opt = BayesianOptimization(f=None, pbounds={k: (0.0, 1.0) for k in keys(cfg.num_layers)},
-                               acquisition_function=acq, random_state=cfg.seed, verbose=0,
-                               allow_duplicate_points=True)
-    opt.set_gp_params(alpha=1e-2)  # as the authors' searching.py
-    return opt
+    return light_optimizer(2 * cfg.num_layers, cfg.seed, cfg.kappa, cfg.acq_random,
+                           cfg.acq_starts, batch=cfg.batch)
 
 
 def search(cfg: SearchConfig, evaluate_batch: Callable[[list[SkipMask]], list[dict[str, Any]]],

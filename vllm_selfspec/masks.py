@@ -9,6 +9,8 @@ logged once.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from vllm_selfspec.assets import cache_dir
 from vllm_selfspec.log import logger
 from vllm_selfspec.model_info import ModelInfo
 from vllm_selfspec.proposers.artifacts import ModelStamp
-from vllm_selfspec.proposers.skip_mask import SkipMask, parse_mask, uniform_mask
+from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, parse_mask, uniform_mask
 
 
 
@@ -56,3 +58,52 @@ def mask_to_opts(mask: SkipMask) -> dict[str, Any]:
 def mask_from_opts(obj: dict[str, Any]) -> SkipMask:
     return SkipMask(frozenset(obj["attention"]), frozenset(obj["mlp"]),
                     metadata=obj.get("metadata") or {}, source=obj.get("source", "inline"))
+
+
+def swift_mask_path(stamp: ModelStamp) -> Path | None:
+    """Where SWIFT saves the layer set it found for these weights (``cache_hit``)."""
+    if not stamp.fingerprint:
+        return None
+    return cache_dir() / "swift" / f"{stamp.architecture}-{stamp.num_layers}L-{stamp.fingerprint}.json"
+
+
+def resolve_swift_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
+    """SWIFT's starting layer set: the saved one (``cache_hit``), the user's
+    ``skip_mask`` (e.g. from tools/search_mask.py), else the uniform set (§4.1.1).
+    Also fixes ``opts["mask_cache"]``, where the worker saves what it finds."""
+    path = opts.get("mask_cache") or swift_mask_path(info.stamp)
+    opts["mask_cache"] = str(Path(path).expanduser()) if path else None
+    if opts.get("cache_hit"):
+        if path is None or not Path(path).expanduser().is_file():
+            raise SkipMaskError(
+                f"swift cache_hit: no layer set saved for this model at "
+                f"{path or '<no cache path: set mask_cache>'}; run once without cache_hit (the "
+                "set is saved when an optimization phase ends) or pass skip_mask")
+        mask = parse_mask(str(Path(path).expanduser()), info.num_layers, info.stamp)
+        logger.info("vllm_selfspec: swift cache_hit: starting from the saved layer set %s, "
+                    "no first optimization phase", mask.describe())
+        return mask
+    if opts.get("skip_mask") is not None:
+        mask = parse_mask(opts["skip_mask"], info.num_layers, info.stamp,
+                          key=opts.get("skip_mask_key"), model_name=info.path)
+        logger.info("vllm_selfspec: swift starts optimizing from %s", mask.describe())
+        return mask
+    mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
+    logger.info("vllm_selfspec: swift starts optimizing from the uniform layer set (%s); the set "
+                "it finds is saved to %s", mask.describe(), opts["mask_cache"] or "nowhere "
+                "(set mask_cache)")
+    return mask
+
+
+def save_swift_mask(path: str, mask: SkipMask, stamp: dict[str, Any], info: dict[str, Any]
+                    ) -> None:
+    """Write the layer set an optimization phase found, stamped with the model
+    (atomically: a reader never sees half a file)."""
+    out = {"attention": sorted(mask.attention), "mlp": sorted(mask.mlp),
+           "metadata": {"model": stamp, "method": "swift", "saved": time.time(),
+                        **{k: v for k, v in info.items() if v is not None}}}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
+    os.replace(tmp, target)

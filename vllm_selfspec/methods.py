@@ -146,6 +146,59 @@ SELFSPEC = Method(
     ),
 )
 
+SWIFT = Method(
+    name="swift",
+    aliases=("swift_ots",),
+    proposer="vllm_selfspec.proposers.swift:SwiftProposer",
+    default_k=12,
+    summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
+            "(random search + interval Bayesian optimization scored by matchness), then "
+            "confidence-aware drafting",
+    keys=(
+        Key("skip_ratio", 0.45, "share r of the 2(L-2) inner sub-layers every layer set skips "
+            "(first and last layers are never skipped)", "float", 0.0, 1.0, low_open=True,
+            high_open=True, symbol="r"),
+        Key("context_window", 32, "generated tokens matchness is computed over", "int", 2, 1024,
+            symbol="γ"),
+        Key("bayes_interval", 25, "Bayesian optimization proposes the candidate every this many "
+            "optimization steps (random search otherwise; 0: random search only)", "int", 0,
+            None, symbol="β"),
+        Key("max_opt_iter", 1000, "most optimization steps per phase", "int", 1, None,
+            symbol="S"),
+        Key("max_tolerance_iter", 300, "end the phase after this many steps without a better "
+            "layer set", "int", 1, None),
+        Key("max_score", 0.95, "end the phase once the best layer set's matchness reaches this",
+            "float", 0.0, 1.0, low_open=True),
+        Key("stop_threshold", 0.8, "drafting stops when the draft's top-1 probability is below "
+            "it (confidence-aware drafting, §4.2)", "float", 0.0, 1.0),
+        Key("candidates_per_step", 1, "candidates scored per optimization step, in the same "
+            "forward as the current best layer set", "int", 1, 16),
+        Key("reoptimize_drop", 0.3, "re-enter optimization when the acceptance rate over the "
+            "last reoptimize_window verifications falls this far (relative) below the rate "
+            "right after optimizing; 0: never", "float", 0.0, 1.0, high_open=True),
+        Key("reoptimize_window", 256, "verifications the acceptance rate for re-entry is taken "
+            "over", "int", 4, 100000),
+        Key("skip_mask", None, "layer set to start from instead of the uniform one (file path "
+            "or inline {\"attention\": [...], \"mlp\": [...]}, e.g. from "
+            "tools/search_mask.py)", "mask"),
+        Key("skip_mask_key", None, "entry to use in a model-keyed mask file", "str"),
+        Key("cache_hit", False, "start from the layer set saved by an earlier run (mask_cache) "
+            "and skip the first optimization phase", "bool"),
+        Key("mask_cache", None, "file the best layer set is saved to when an optimization "
+            "phase ends (default: <cache>/swift/<arch>-<L>L-<fingerprint>.json)", "str"),
+        Key("seed", 0, "seed of the search and of the draft sampler", "int", 0, None),
+        Key("cost_gate", True, COMMON_KEYS[0].help + "; paused while optimizing", "bool"),
+    ),
+    check=lambda o: _check_swift(o),
+)
+
+
+def _check_swift(opts: dict[str, Any]) -> None:
+    if opts["cache_hit"] and opts["skip_mask"] is not None:
+        raise SelfSpecConfigError("vllm_selfspec: swift takes either skip_mask (a layer set to "
+                                  "start optimizing from) or cache_hit (the saved set), not both")
+
+
 def _check_query_lengths(opts: dict[str, Any]) -> None:
     if opts["min_query_length"] > opts["query_length"]:
         raise SelfSpecConfigError(
@@ -182,7 +235,7 @@ NGRAMMYS = Method(
     check=_check_query_lengths,
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, NGRAMMYS)}
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, NGRAMMYS)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

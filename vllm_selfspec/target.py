@@ -11,7 +11,10 @@ writing into the target's own paged KV cache (design note §2.3-2.4):
   positions (>= the newest token's position), never over the verified prefix
   (rule R1); the scheduler reserved the slots (P2, rule R3);
 * the compiled ``model.forward`` is never called (trace-once has no guards for
-  Python-level skip flags).
+  Python-level skip flags);
+* SWIFT's candidate scoring (``score_masks``) is a teacher-forced pass over
+  already-verified context tokens that writes NO KV at all (``slot_mapping={}``:
+  writing over the verified prefix corrupts the output, design note rule R1).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from vllm_selfspec.adapters import PreNormDecoderAdapter, UnsupportedModelError
+from vllm_selfspec.proposers.base import ContextWindow
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 
@@ -56,7 +60,8 @@ class TargetView:
         self.block_size = int(attn_groups[0].kv_cache_spec.block_size)
         self.block_table: torch.Tensor | None = None
         # wall time of draft forwards (tools/draft_cost.py reads it)
-        self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0}
+        self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
+                       "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
     def begin_step(self, common_attn_metadata: Any) -> None:
@@ -108,3 +113,54 @@ class TargetView:
         self.timing["draft_rows"] += int(rows.numel())
         self.timing["draft_seconds"] += time.perf_counter() - t0
         return logits
+
+    def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
+        """SWIFT §4.1.2, parallel candidate evaluation: every mask predicts every
+        window's tokens teacher-forced, in ONE forward. Each (mask, window) pair is
+        a virtual request sharing the window's block-table row; its queries are
+        the window's input tokens at their own positions and attend to the
+        target's cached KV (the paper reuses the target's KV for the prefix). No
+        KV is written (``slot_mapping={}``), so sharing rows is safe. Returns
+        [C, sum of window lengths] bools: argmax == the token the model emitted."""
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        t0 = time.perf_counter()
+        assert self.block_table is not None
+        dev, nc = self.device, len(masks)
+        lens = [len(w.inputs) for w in windows]
+        inputs = torch.tensor([t for w in windows for t in w.inputs], device=dev)
+        targets = torch.tensor([t for w in windows for t in w.targets], device=dev)
+        positions = torch.cat([torch.arange(w.start, w.start + n, device=dev)
+                               for w, n in zip(windows, lens)])
+        tw = int(inputs.numel())
+        rows = torch.tensor([w.row for w in windows], device=dev).repeat(nc)
+        qlens = torch.tensor(lens, dtype=torch.int32).repeat(nc)
+        qsl_cpu = torch.zeros(len(qlens) + 1, dtype=torch.int32)
+        torch.cumsum(qlens, 0, out=qsl_cpu[1:])
+        seq_lens_cpu = torch.tensor([w.start + n for w, n in zip(windows, lens)],
+                                    dtype=torch.int32).repeat(nc)
+        cm = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(dev), query_start_loc_cpu=qsl_cpu,
+            seq_lens=seq_lens_cpu.to(dev), num_reqs=len(qlens), num_actual_tokens=nc * tw,
+            max_query_len=max(lens), max_seq_len=int(seq_lens_cpu.max()),
+            block_table_tensor=self.block_table[rows],
+            slot_mapping=torch.full((nc * tw,), -1, dtype=torch.long, device=dev), causal=True,
+            seq_lens_cpu_upper_bound=seq_lens_cpu)
+        md: dict[str, Any] = {}
+        for g in self.attn_groups:
+            m = g.build_metadata_for_drafting(cm, 0)
+            for name in g.layer_names:
+                md[name] = m
+        keep_a = torch.tensor([[0.0 if i in m.attention else 1.0 for i in range(self.num_layers)]
+                               for m in masks], device=dev).repeat_interleave(tw, dim=0)
+        keep_m = torch.tensor([[0.0 if i in m.mlp else 1.0 for i in range(self.num_layers)]
+                               for m in masks], device=dev).repeat_interleave(tw, dim=0)
+        with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}):
+            hidden = self.adapter.run_per_token(self.adapter.embed(inputs.repeat(nc)),
+                                                positions.repeat(nc), keep_a, keep_m)
+        pred = self.adapter.logits(hidden).argmax(dim=-1).view(nc, tw)
+        self.timing["score_calls"] += 1
+        self.timing["score_tokens"] += nc * tw
+        self.timing["score_seconds"] += time.perf_counter() - t0
+        return pred == targets.unsqueeze(0)

