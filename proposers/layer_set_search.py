@@ -14,9 +14,11 @@ Stopping (§4.1.2 "termination", Appendix C): the best set's matchness reaches
 
 Serving departure, documented in the README: windows change from step to step
 (several requests feed one engine), so a candidate is compared with the current
-best *on the same window* (both are scored in the same forward), and the best's
-matchness used for stopping is its mean over the windows it was scored on, after
-at least ``min_windows`` of them (one repetitive window scores every set ~1).
+best *on the same window* (the best's score on a window is measured once, in the
+same forward as that step's candidates, and reused while the window repeats), and
+the best's matchness used for stopping is its mean over the windows it was scored
+on, after at least ``min_windows`` of them (one repetitive window scores every set
+~1).
 The Gaussian process sees each layer set once (its mean matchness) and at most
 ``gp_points`` recently scored sets, and the acquisition is maximized over random
 points only, which bounds the cost of a suggestion (~0.1 s on 2 cores for L = 30;
@@ -130,13 +132,18 @@ class LayerSetSearch:
         return out
 
     # ---- scores --------------------------------------------------------------------------
-    def register(self, best_score: float, candidates: list[SkipMask], scores: list[float]) -> bool:
+    def register(self, best_score: float, candidates: list[SkipMask], scores: list[float],
+                 fresh: bool = True) -> bool:
         """Scores of the current best and of the candidates on the same window.
-        Returns True if a candidate became the best."""
-        n = self.best_windows
-        self.best_score = (best_score + n * (self.best_score or 0.0)) / (n + 1)
-        self.best_windows = n + 1
-        self._remember(self.best, best_score)
+        ``fresh``: the best was scored on this window now (it counts toward its
+        mean matchness); False: ``best_score`` is its score on this window from an
+        earlier step (windows repeat; the caller caches it). Returns True if a
+        candidate became the best."""
+        if fresh:
+            n = self.best_windows
+            self.best_score = (best_score + n * (self.best_score or 0.0)) / (n + 1)
+            self.best_windows = n + 1
+            self._remember(self.best, best_score)
         improved = False
         top = best_score
         for m, s in zip(candidates, scores):

@@ -16,9 +16,13 @@ paper's confidence-aware top-k *tree* becomes this chain (README: what it costs)
 
 Serving semantics the paper leaves open (README "SWIFT in a server"):
 * one optimizer per engine (the input stream), fed by all running requests: each
-  optimization step scores the window of one request, round-robin;
-* the work per step is bounded: one forward over (1 + candidates_per_step) x
-  context_window tokens and, every β steps, one GP suggestion on at most
+  optimization step scores the window of one request, round-robin; a request's
+  window is its latest complete chunk of ``context_window`` generated tokens, so
+  a window repeats for several steps and the best set's score on it is measured
+  once (comparisons on one window are exact, and most steps score the candidates
+  only);
+* the work per step is bounded: one forward over at most (1 + candidates_per_step)
+  x context_window tokens and, every β steps, one GP suggestion on at most
   ``gp_points`` observations;
 * the acceleration phase watches the acceptance rate over the last
   ``reoptimize_window`` verifications; when it falls ``reoptimize_drop`` below the
@@ -63,13 +67,15 @@ class SwiftProposer(SelfSpecProposer):
         self.search: LayerSetSearch | None = None
         self.phase_changes = 0
         self.round_robin = 0
+        # the best set's matchness on each request's current window: req_id -> (start, score)
+        self.best_on_window: dict[str, tuple[int, float]] = {}
         self.finished = 0
         self.steps = 0
         self.events: list[dict[str, Any]] = []
         self.trace: list[tuple[int, float, float]] = []  # (step, best, best candidate)
         self.mask_saver: Callable[[SkipMask, dict[str, Any]], None] | None = None
-        self.stats.update({"opt_steps": 0, "opt_seconds": 0.0, "opt_phases": 0,
-                           "bayes_suggestions": 0})
+        self.stats.update({"opt_steps": 0, "opt_fresh_windows": 0, "opt_seconds": 0.0,
+                           "opt_phases": 0, "bayes_suggestions": 0})
         self._event("start", phase=self.phase, mask=self.mask.describe())
 
     # ---- phases ----------------------------------------------------------------------------
@@ -107,6 +113,7 @@ class SwiftProposer(SelfSpecProposer):
     def _end_optimization(self) -> None:
         assert self.search is not None
         s = self.search
+        self.best_on_window.clear()
         self.mask = SkipMask(s.best.attention, s.best.mlp, source="swift")
         self.phase = ACCELERATE
         self.phase_changes += 1
@@ -123,33 +130,47 @@ class SwiftProposer(SelfSpecProposer):
                             "time": time.time(), **info})
 
     # ---- §4.1.2 one optimization step ------------------------------------------------------
-    def _window(self, batch: DraftBatch) -> ContextWindow | None:
+    def _window(self, batch: DraftBatch) -> tuple[str, ContextWindow] | None:
+        """The next ready request (round-robin) and its latest complete chunk of
+        ``context_window`` generated tokens: the inputs are the tokens before each
+        target, whose KV is in the cache (the first input may be the last prompt
+        token, which predicted the first generated one)."""
         n = self.context_window
-        ready = [r for r in batch.requests if r.num_output_tokens >= n and r.position >= n]
+        ready = [r for r in batch.requests if r.num_output_tokens >= n]
         if not ready or batch.token_ids is None:
             return None  # still accumulating context (§4.1.1)
         r = ready[self.round_robin % len(ready)]
         self.round_robin += 1
-        toks = batch.token_ids[r.row, r.position - n: r.position + 1].tolist()
-        return ContextWindow(r.row, r.position - n, toks[:-1], toks[1:])
+        first = r.position - r.num_output_tokens + 1  # position of the first generated token
+        start = first + (r.num_output_tokens // n - 1) * n - 1
+        toks = batch.token_ids[r.row, start: start + n + 1].tolist()
+        return r.req_id, ContextWindow(r.row, start, toks[:-1], toks[1:])
 
     def optimization_step(self, batch: DraftBatch) -> None:
         assert self.search is not None and self.target is not None
-        window = self._window(batch)
-        if window is None:
+        picked = self._window(batch)
+        if picked is None:
             return
+        req_id, window = picked
         t0 = time.perf_counter()
         bayes_due = self.search.cfg.bayes_interval > 0 and \
             (self.search.iterations + 1) % self.search.cfg.bayes_interval == 0
         candidates = self.search.suggest(self.candidates_per_step)
-        agree = self.target.score_masks([window], [self.search.best, *candidates])
-        scores = agree.float().mean(dim=1).tolist()
-        self.search.register(scores[0], candidates, scores[1:])
+        known = self.best_on_window.get(req_id)
+        fresh = known is None or known[0] != window.start
+        masks = [self.search.best, *candidates] if fresh else candidates
+        scores = self.target.score_masks([window], masks).float().mean(dim=1).tolist()
+        best_here = scores.pop(0) if fresh else known[1]  # type: ignore[index]
+        if self.search.register(best_here, candidates, scores, fresh=fresh):
+            best_here = max(scores)
+            self.best_on_window.clear()  # a new best: its scores elsewhere are unknown
+        self.best_on_window[req_id] = (window.start, best_here)
         self.stats["opt_steps"] += 1
+        self.stats["opt_fresh_windows"] += int(fresh)
         self.stats["bayes_suggestions"] += int(bayes_due and len(self.search.history) > 2)
         self.stats["opt_seconds"] += time.perf_counter() - t0
         if len(self.trace) < MAX_TRACE:
-            self.trace.append((self.steps, float(self.search.best_score or 0.0), max(scores[1:])))
+            self.trace.append((self.steps, float(self.search.best_score or 0.0), max(scores)))
         self.mask = self.search.best
         if self.search.done:
             self._end_optimization()
@@ -183,6 +204,8 @@ class SwiftProposer(SelfSpecProposer):
 
     def finish(self, req_ids: set[str]) -> None:
         self.finished += len(req_ids)
+        for r in req_ids:
+            self.best_on_window.pop(r, None)
 
     def describe(self) -> str:
         extra = ""

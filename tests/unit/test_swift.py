@@ -128,9 +128,26 @@ def test_waits_for_a_context_window_then_scores_best_and_candidates_in_one_forwa
     (windows, masks), = t.score_calls
     assert len(masks) == 4 and len(windows) == 1 and windows[0].row == 1
     w = windows[0]
-    assert w.start == 100 - 8 and len(w.inputs) == len(w.targets) == 8
+    # 9 generated tokens at positions 92..100: the complete chunk of 8 is 92..99,
+    # predicted from the tokens at 91..98 (91 is the last prompt token)
+    assert w.start == 91 and len(w.inputs) == len(w.targets) == 8
     assert w.targets[:-1] == w.inputs[1:]  # teacher forcing: the next generated token
     assert out.drafts[1] == [2, 3, 4, 5]  # drafting goes on while optimizing
+
+
+def test_the_best_sets_score_on_a_window_is_measured_once():
+    """The window stays until the request has generated another context_window
+    tokens; meanwhile only the candidates are scored, against the cached score."""
+    p, t = make(candidates_per_step=2)
+    p.propose(batch(outputs=(9,), position=100))
+    p.propose(batch(outputs=(10,), position=101))  # same chunk: 92..99
+    p.propose(batch(outputs=(17,), position=108))  # next chunk: 100..107
+    starts = [c[0][0].start for c in t.score_calls]
+    assert starts == [91, 91, 99]
+    assert [len(c[1]) for c in t.score_calls] == [3, 2, 3]
+    assert p.stats["opt_fresh_windows"] == 2 and p.search.best_windows == 2
+    p.finish({"r0"})
+    assert p.best_on_window == {}
 
 
 def test_round_robin_over_requests():
