@@ -10,7 +10,7 @@ q handed to vLLM's rejection sampler, and the CPU sampler fix (P4).
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
+from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
 from vllm_selfspec import control
 from vllm_selfspec.spec_metrics import acceptance
 
@@ -18,19 +18,6 @@ pytestmark = pytest.mark.engine
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 EMPTY = {"attention": [], "mlp": []}
-
-
-@pytest.fixture(scope="module")
-def eval_prompts(model_path):
-    return prompts(model_path)
-
-
-@pytest.fixture(scope="module")
-def reference(model_path, eval_prompts):
-    llm = make_llm(model_path)
-    out = token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
-    shutdown(llm)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -14,26 +14,13 @@ import json
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
+from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
 from vllm_selfspec import control
 from vllm_selfspec.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def eval_prompts(model_path):
-    return prompts(model_path)
-
-
-@pytest.fixture(scope="module")
-def reference(model_path, eval_prompts):
-    llm = make_llm(model_path)
-    out = token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
-    shutdown(llm)
-    return out
 
 
 @pytest.fixture(scope="module")
