@@ -49,6 +49,22 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
     return mask
 
 
+def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
+    """LayerSkip: the early exit as a skip mask over layers exit_layer..L-1
+    (default: a quarter of the depth). Fixes ``opts["exit_layer"]``."""
+    from vllm_selfspec.proposers.early_exit import default_exit_layer, early_exit_mask
+
+    if opts.get("exit_layer") is None:
+        opts["exit_layer"] = default_exit_layer(info.num_layers)
+        how = "no exit_layer given; a quarter of the depth"
+    else:
+        how = "exit_layer"
+    mask = early_exit_mask(int(opts["exit_layer"]), info.num_layers)
+    logger.info("vllm_selfspec: layerskip drafts with the first %d of %d layers (%s)",
+                opts["exit_layer"], info.num_layers, how)
+    return mask
+
+
 def mask_to_opts(mask: SkipMask) -> dict[str, Any]:
     """JSON form that travels in additional_config to the workers."""
     return {"attention": sorted(mask.attention), "mlp": sorted(mask.mlp), "source": mask.source,

@@ -193,6 +193,25 @@ SWIFT = Method(
 )
 
 
+LAYERSKIP = Method(
+    name="layerskip",
+    aliases=("layer_skip", "early_exit"),
+    proposer="vllm_selfspec.proposers.early_exit:EarlyExitProposer",
+    default_k=6,  # the LayerSkip README's --num_speculations 6
+    summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
+            "head (early exit), verified by the full model",
+    keys=(
+        Key("exit_layer", None, "E: the draft runs layers 0..E-1, then the final norm and LM "
+            "head (an integer in [1, L]; L drafts with the whole model). Default: a quarter of "
+            "the layers", "int", 1, None, symbol="E"),
+        Key("stop_threshold", 0.0, "drafting stops early when the draft's top-1 probability is "
+            "below it (0: always num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0),
+        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
+        *COMMON_KEYS,
+    ),
+)
+
+
 def _check_swift(opts: dict[str, Any]) -> None:
     if opts["cache_hit"] and opts["skip_mask"] is not None:
         raise SelfSpecConfigError("vllm_selfspec: swift takes either skip_mask (a layer set to "
@@ -235,7 +254,7 @@ NGRAMMYS = Method(
     check=_check_query_lengths,
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, NGRAMMYS)}
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

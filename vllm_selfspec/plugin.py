@@ -36,7 +36,8 @@ def proposer_class(method: methods.Method) -> type:
 
 def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) -> dict[str, Any]:
     """Start-up work that needs the model: resolve and check artifacts (skip masks)."""
-    from vllm_selfspec.masks import mask_to_opts, resolve_skip_mask, resolve_swift_mask
+    from vllm_selfspec.masks import (mask_to_opts, resolve_exit_mask, resolve_skip_mask,
+                                     resolve_swift_mask)
     from vllm_selfspec.model_info import model_info
     from vllm_selfspec.proposers.artifacts import ArtifactMismatchError
     from vllm_selfspec.proposers.skip_mask import SkipMaskError
@@ -50,6 +51,8 @@ def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) ->
             opts["mask"] = mask_to_opts(resolve_swift_mask(opts, info))
             if isinstance(opts["skip_mask"], dict):
                 opts["skip_mask"] = "inline"
+        elif opts["method"] == "layerskip":
+            opts["mask"] = mask_to_opts(resolve_exit_mask(opts, info))
         elif "skip_mask" in opts:
             opts["mask"] = mask_to_opts(resolve_skip_mask(opts, info))
             if isinstance(opts["skip_mask"], dict):  # keep additional_config small

