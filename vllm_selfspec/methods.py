@@ -102,6 +102,9 @@ class Method:
     summary: str
     # constraints between keys, on the validated options (raise SelfSpecConfigError)
     check: Callable[[dict[str, Any]], None] | None = None
+    # "module:function" (opts, ModelInfo) -> SkipMask that picks the draft's skip mask at
+    # start-up (vllm_selfspec.masks), for methods that draft through the target's layers
+    skip_mask: str | None = None
 
     def key(self, name: str) -> Key | None:
         return next((k for k in self.keys if k.name == name), None)
@@ -130,6 +133,7 @@ SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
     proposer="vllm_selfspec.proposers.layer_skip:SelfSpecProposer",
+    skip_mask="vllm_selfspec.masks:resolve_skip_mask",
     default_k=12,
     summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
             "sub-layers; adaptive draft exit",
@@ -150,6 +154,7 @@ SWIFT = Method(
     name="swift",
     aliases=("swift_ots",),
     proposer="vllm_selfspec.proposers.swift:SwiftProposer",
+    skip_mask="vllm_selfspec.masks:resolve_swift_mask",
     default_k=12,
     summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
             "(random search + interval Bayesian optimization scored by matchness), then "
@@ -197,6 +202,7 @@ LAYERSKIP = Method(
     name="layerskip",
     aliases=("layer_skip", "early_exit"),
     proposer="vllm_selfspec.proposers.early_exit:EarlyExitProposer",
+    skip_mask="vllm_selfspec.masks:resolve_exit_mask",
     default_k=6,  # the LayerSkip README's --num_speculations 6
     summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
             "head (early exit), verified by the full model",

@@ -29,15 +29,19 @@ def plugin_options(vllm_config: Any) -> dict[str, Any] | None:
     return extra.get(PLUGIN_KEY) if isinstance(extra, dict) else None
 
 
+def _import(ref: str) -> Any:
+    """The object named by a "module:attribute" reference of a Method."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def proposer_class(method: methods.Method) -> type:
-    module, _, cls = method.proposer.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return _import(method.proposer)
 
 
 def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) -> dict[str, Any]:
     """Start-up work that needs the model: resolve and check artifacts (skip masks)."""
-    from vllm_selfspec.masks import (mask_to_opts, resolve_exit_mask, resolve_skip_mask,
-                                     resolve_swift_mask)
+    from vllm_selfspec.masks import mask_to_opts
     from vllm_selfspec.model_info import model_info
     from vllm_selfspec.proposers.artifacts import ArtifactMismatchError
     from vllm_selfspec.proposers.skip_mask import SkipMaskError
@@ -47,15 +51,9 @@ def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) ->
     from vllm_selfspec.proposers.ngram_tables import BigramTableError
 
     try:
-        if opts["method"] == "swift":
-            opts["mask"] = mask_to_opts(resolve_swift_mask(opts, info))
-            if isinstance(opts["skip_mask"], dict):
-                opts["skip_mask"] = "inline"
-        elif opts["method"] == "layerskip":
-            opts["mask"] = mask_to_opts(resolve_exit_mask(opts, info))
-        elif "skip_mask" in opts:
-            opts["mask"] = mask_to_opts(resolve_skip_mask(opts, info))
-            if isinstance(opts["skip_mask"], dict):  # keep additional_config small
+        if method.skip_mask is not None:
+            opts["mask"] = mask_to_opts(_import(method.skip_mask)(opts, info))
+            if isinstance(opts.get("skip_mask"), dict):  # keep additional_config small
                 opts["skip_mask"] = "inline"
         if "bigram_table" in opts:
             opts["table_path"] = _resolve_bigram_table(opts, info)
