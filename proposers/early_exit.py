@@ -50,14 +50,19 @@ def early_exit_mask(exit_layer: int, num_layers: int) -> SkipMask:
                     source=f"early exit after {exit_layer} of {num_layers} layers")
 
 
+def fixed_speculations(stop_threshold: float = 0.0) -> DraftExitConfig:
+    """LayerSkip drafts a fixed d a step (§4.3.1): no adaptive threshold; an optional
+    fixed confidence stop (0: none)."""
+    return DraftExitConfig(threshold=stop_threshold, adaptive=False)
+
+
 class EarlyExitProposer(SelfSpecProposer):
     """Method ``layerskip``: draft with the first E layers and the shared LM head."""
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        # Fixed number of speculations (§4.3.1); an optional fixed confidence stop.
-        self.exit = DraftExitController(DraftExitConfig(
-            threshold=float(options.get("stop_threshold", 0.0)), adaptive=False))
+        self.exit = DraftExitController(
+            fixed_speculations(float(options.get("stop_threshold", 0.0))))
 
     @property
     def exit_layer(self) -> int:

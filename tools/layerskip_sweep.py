@@ -32,10 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dataset", default="mtbench")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128, help="continuation length per prompt")
+    from vllm_selfspec.mask_search import add_dev_set_args
+
+    add_dev_set_args(p)
     p.add_argument("--exit-layers", default=None, help="comma list of E (default: 1..L)")
     p.add_argument("--num-speculations", default="1,2,3,4,6,8,12", help="comma list of d")
     p.add_argument("--cost-model", default=None,
@@ -49,26 +48,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def sweep_row(objective: Any, exit_layer: int, ds: list[int]) -> dict[str, Any]:
-    """Early-exit agreement at depth E and the replayed figures for every d."""
-    from vllm_selfspec.proposers.draft_exit import DraftExitConfig
-    from vllm_selfspec.proposers.early_exit import early_exit_mask
+    """Early-exit agreement at depth E and the replayed figures for every d (one
+    teacher-forced pass per E, replayed for each d)."""
+    from vllm_selfspec.mask_search import agreement
+    from vllm_selfspec.proposers.early_exit import early_exit_mask, fixed_speculations
     from vllm_selfspec.proposers.expected_speedup import replay
 
     L = objective.num_layers
     mask = early_exit_mask(exit_layer, L)
-    agree, conf = [], []
-    for prep in objective.prepared:
-        a, c = objective.target.score(prep, mask)
-        agree.append(a.tolist())
-        conf.append(c.tolist())
-    fixed_d = DraftExitConfig(threshold=0.0, adaptive=False)
+    agree, conf = objective.teacher_forced(mask)
     per_d = {}
     for d in ds:
-        r = replay(agree, conf, mask, L, d, objective.cost, fixed_d)
+        r = replay(agree, conf, mask, L, d, objective.cost, fixed_speculations())
         per_d[str(d)] = {"expected_speedup": r.speedup, "acceptance_rate": r.acceptance_rate,
                          "mean_acceptance_length": r.mean_acceptance_length}
-    n = sum(len(a) for a in agree)
-    return {"exit_layer": exit_layer, "agreement": sum(sum(a) for a in agree) / max(1, n),
+    return {"exit_layer": exit_layer, "agreement": agreement(agree),
             "draft_token_cost": objective.cost.draft_token(mask, L), "per_d": per_d}
 
 
@@ -116,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.mask_search import ProxyObjective, append_log, load_dev_set, read_log
-    from vllm_selfspec.proposers.draft_exit import DraftExitConfig
+    from vllm_selfspec.proposers.early_exit import fixed_speculations
     from vllm_selfspec.proposers.expected_speedup import CostModel
 
     out = Path(args.json_out)
@@ -130,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         cost = CostModel.from_json(json.loads(Path(args.cost_model).read_text())["cost_model"])
     cont = Path(args.continuations) if args.continuations else out.with_suffix(".continuations.json")
     objective = ProxyObjective(model_path, dev, args.max_tokens, max(ds),
-                               DraftExitConfig(threshold=0.0, adaptive=False), cost=cost,
+                               fixed_speculations(), cost=cost,
                                continuations_path=cont, device=args.device, progress=tqdm)
     L = objective.num_layers
     es = ([int(x) for x in args.exit_layers.split(",")] if args.exit_layers

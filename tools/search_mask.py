@@ -34,10 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dataset", default="mtbench")
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128, help="continuation length per prompt")
+    from vllm_selfspec.mask_search import add_dev_set_args
+
+    add_dev_set_args(p)
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--objective", choices=["proxy", "measured"], default="proxy")
     p.add_argument("--out", required=True, help="mask JSON to write")

@@ -23,6 +23,7 @@ Objectives (both maximize a speedup over plain decoding):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -122,6 +123,19 @@ class DevSet:
                 "prompt_ids": self.prompt_ids}
 
 
+def add_dev_set_args(p: argparse.ArgumentParser) -> None:
+    """The options every proxy tool shares: model, dev prompts and continuation length."""
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dataset", default="mtbench")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128, help="continuation length per prompt")
+
+
+def agreement(agree: list[list[bool]]) -> float:
+    """Share of positions where the draft's top-1 is the continuation's token (matchness)."""
+    return sum(sum(a) for a in agree) / max(1, sum(len(a) for a in agree))
+
+
 def load_dev_set(dataset: str, tokenizer: Any, num_prompts: int, max_prompt_tokens: int = 512
                  ) -> DevSet:
     from vllm_selfspec.datasets import load_prompts
@@ -155,15 +169,21 @@ class ProxyObjective:
     def num_layers(self) -> int:
         return self.target.num_layers
 
-    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
-        t0 = time.perf_counter()
+    def teacher_forced(self, mask: SkipMask) -> tuple[list[list[bool]], list[list[float]]]:
+        """Per dev prompt: does the masked model's top-1 match the continuation, and its
+        top-1 probability, at every position (one forward per prompt)."""
         agree, conf = [], []
         for prep in self.prepared:
             a, c = self.target.score(prep, mask)
             agree.append(a.tolist())
             conf.append(c.tolist())
+        return agree, conf
+
+    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        agree, conf = self.teacher_forced(mask)
         r = replay(agree, conf, mask, self.num_layers, self.k, self.cost, self.exit_cfg)
-        matchness = sum(sum(a) for a in agree) / max(1, sum(len(a) for a in agree))
+        matchness = agreement(agree)
         return {"value": r.speedup, "acceptance_rate": r.acceptance_rate,
                 "mean_acceptance_length": r.mean_acceptance_length, "matchness": matchness,
                 "tokens_per_step": r.tokens / r.steps if r.steps else 1.0,
