@@ -41,3 +41,21 @@ def shutdown(llm: Any) -> None:
     except Exception:
         pass
     gc.collect()
+
+
+# Sampling cases for drafters whose q equals the target's p (min(1, p/q) = 1): plain
+# temperature, and temperature with top-p.
+SAMPLING_CASES = [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)]
+
+
+def sampled_acceptance(llm: Any, eval_prompts: list[Any], params: dict[str, Any]) -> Any:
+    """Generate with sampling (seed 1), check every request produced tokens, and return
+    vLLM's acceptance figures for the run."""
+    from vllm import SamplingParams
+
+    from vllm_selfspec.spec_metrics import acceptance
+
+    outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params),
+                        use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    return acceptance(outs)

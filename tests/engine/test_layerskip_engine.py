@@ -10,7 +10,8 @@
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from tests.engine.helpers import (MAX_TOKENS, SAMPLING_CASES, make_llm, sampled_acceptance,
+                                  shutdown, token_ids)
 from vllm_selfspec.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
@@ -45,10 +46,7 @@ def test_exit_at_the_last_layer_is_the_target(full_exit, eval_prompts, reference
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.99, acc
 
 
-@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)])
+@pytest.mark.parametrize("params", SAMPLING_CASES)
 def test_sampling_keeps_the_target_distribution(full_exit, eval_prompts, params):
-    outs = full_exit.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params),
-                              use_tqdm=False)
-    acc = acceptance(outs)
-    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    acc = sampled_acceptance(full_exit, eval_prompts, params)
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc

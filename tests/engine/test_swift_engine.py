@@ -14,7 +14,8 @@ import json
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from tests.engine.helpers import (MAX_TOKENS, SAMPLING_CASES, make_llm, sampled_acceptance,
+                                  shutdown, token_ids)
 from vllm_selfspec import control
 from vllm_selfspec.spec_metrics import acceptance
 
@@ -99,11 +100,8 @@ def test_matchness_of_the_target_itself_is_one(empty_start, eval_prompts, refere
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
 
 
-@pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)])
+@pytest.mark.parametrize("params", SAMPLING_CASES)
 def test_sampling_keeps_the_target_distribution(empty_start, eval_prompts, params):
     """The draft equals the target here, so with q passed min(1, p/q) = 1."""
-    outs = empty_start.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params),
-                                use_tqdm=False)
-    acc = acceptance(outs)
-    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    acc = sampled_acceptance(empty_start, eval_prompts, params)
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
