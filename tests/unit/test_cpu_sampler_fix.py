@@ -44,7 +44,8 @@ def test_original_shim_is_broken_and_ours_is_not():
 
     from vllm_selfspec.patches import _expand_kernel_impl
 
-    import vllm._C  # noqa: F401  (the C++ ops the original shim calls)
+    # the C++ ops the original shim calls (vllm._C, _C_AVX2 or _C_AVX512, by CPU)
+    current_platform.import_kernels()
 
     orig = cpu_tl._expand_kernel_impl
     if getattr(orig, "_vllm_selfspec_patch", False):
