@@ -10,12 +10,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 
 def main() -> None:
     from vllm import SamplingParams
@@ -31,7 +25,7 @@ def main() -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
 
-    from tools import bench
+    from vllm_selfspec.offline import bench
 
     print("Comparing plain decoding, vLLM ngram, selfspec and ngrammys on 4 MT-bench prompts ...")
     bench.main(["--model", "smollm2-135m", "--methods", "baseline,ngram,selfspec,ngrammys",

@@ -3,8 +3,7 @@
 Every file an offline tool writes carries a ``ModelStamp``: what it was made for
 (architecture, layer count, hidden size, vocabulary size and a weights
 fingerprint). Loading it for another model is refused with a message that says
-which model it was made for and what to do (architecture.md, "one artifact
-module owns every file format").
+which model it was made for and what to do.
 """
 
 from __future__ import annotations

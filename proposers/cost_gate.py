@@ -2,8 +2,8 @@
 
 None of the papers needs this: on their GPUs a layer-skip draft token costs a
 small fraction of a decode step. On 2 CPU cores a draft token costs 0.8·f + 0.16
-decode steps and verifying k tokens costs more than one step
-(shared/design/cpu-findings.md), so a drafter whose acceptance is too low makes
+decode steps and verifying k tokens costs more than one step (tools/draft_cost.py
+measures both), so a drafter whose acceptance is too low makes
 decoding slower than plain decoding. The gate notices and steps back.
 
 It times engine steps in windows of W decode steps. A cycle is

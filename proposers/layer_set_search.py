@@ -54,7 +54,7 @@ def light_optimizer(num_vars: int, seed: int, kappa: float, n_random: int, n_sma
                     batch: int = 1) -> Any:
     """A ``bayes_opt.BayesianOptimization`` with UCB over [0, 1]^num_vars whose
     acquisition maximization is cheaper than the library's default (shared with
-    the offline search, ``vllm_selfspec.mask_search``)."""
+    the offline search, ``vllm_selfspec.offline.search``)."""
     from bayes_opt import BayesianOptimization, acquisition
 
     def lighter(base: type) -> type:

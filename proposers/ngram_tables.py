@@ -13,7 +13,7 @@
 
 The file is safetensors with a JSON ``stamp`` (proposers.artifacts.ModelStamp)
 in its metadata; loading it for another model or vocabulary is refused.
-Builders live in ``vllm_selfspec.bigram_build`` (they need transformers).
+Builders live in ``vllm_selfspec.offline.bigram_build`` (they need transformers).
 """
 
 from __future__ import annotations

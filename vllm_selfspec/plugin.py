@@ -65,7 +65,7 @@ def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) ->
 def _resolve_bigram_table(opts: dict[str, Any], info: Any) -> str:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
     from the file header (the worker loads the arrays)."""
-    from vllm_selfspec.bigram_build import table_for_model
+    from vllm_selfspec.offline.bigram_build import table_for_model
     from vllm_selfspec.proposers.ngram_tables import BigramTable
 
     path = opts.get("bigram_table") or str(table_for_model(info.path, info.stamp))

@@ -15,7 +15,7 @@ def prompts(model_path: str, num: int = NUM_PROMPTS, dataset: str = "mtbench") -
     from transformers import AutoTokenizer
     from vllm import TokensPrompt
 
-    from vllm_selfspec.datasets import load_prompts
+    from vllm_selfspec.offline.datasets import load_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     return [TokensPrompt(prompt_token_ids=p.token_ids)
@@ -24,7 +24,7 @@ def prompts(model_path: str, num: int = NUM_PROMPTS, dataset: str = "mtbench") -
 
 def make_llm(model_path: str, **kw: Any) -> Any:
     from vllm_selfspec import LLM
-    from vllm_selfspec.spec_metrics import engine_args
+    from vllm_selfspec.offline.spec_metrics import engine_args
 
     kw = {**ENGINE_KW, **kw}
     return LLM(model_path, **engine_args(kw), **kw)
@@ -53,7 +53,7 @@ def sampled_acceptance(llm: Any, eval_prompts: list[Any], params: dict[str, Any]
     vLLM's acceptance figures for the run."""
     from vllm import SamplingParams
 
-    from vllm_selfspec.spec_metrics import acceptance
+    from vllm_selfspec.offline.spec_metrics import acceptance
 
     outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params),
                         use_tqdm=False)

@@ -12,7 +12,7 @@ from vllm import SamplingParams
 
 from tests.engine.helpers import (MAX_TOKENS, SAMPLING_CASES, make_llm, sampled_acceptance,
                                   shutdown, token_ids)
-from vllm_selfspec.spec_metrics import acceptance
+from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,7 @@ import pytest
 from vllm import SamplingParams, TokensPrompt
 
 from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
-from vllm_selfspec.spec_metrics import acceptance
+from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
 
@@ -72,7 +72,7 @@ def test_greedy_identical(engine, eval_prompts, plain):
 
 
 def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, plain):
-    from vllm_selfspec.bigram_build import cached_table_path
+    from vllm_selfspec.offline.bigram_build import cached_table_path
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
     from vllm_selfspec.proposers.ngram_tables import BigramTable

@@ -12,7 +12,7 @@ from vllm import SamplingParams
 
 from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
 from vllm_selfspec import control
-from vllm_selfspec.spec_metrics import acceptance
+from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
 
@@ -59,7 +59,7 @@ def test_empty_mask_greedy_accepts_everything(empty_engine, eval_prompts, refere
                                     dict(temperature=0.8, top_p=0.9, top_k=40)])
 def test_empty_mask_sampling_accepts_everything(empty_engine, eval_prompts, params):
     """draft = target and q passed: min(1, p/q) = 1, so acceptance ~ 1. (Without
-    q, or without the CPU sampler fix, acceptance collapses: see design note §9.)"""
+    q, or without the CPU sampler fix (patches.py P4), acceptance collapses.)"""
     sp = SamplingParams(max_tokens=MAX_TOKENS, seed=1, **params)
     outs = empty_engine.generate(eval_prompts, sp, use_tqdm=False)
     acc = acceptance(outs)

@@ -2,15 +2,10 @@
 --resume keeps the rows already in the log; exit at L is the model itself."""
 
 import json
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
 def run_tool(model, out, *extra):
-    from tools import layerskip_sweep
+    from vllm_selfspec.offline import layerskip_sweep
 
     layerskip_sweep.main(["--model", model, "--json", str(out), "--dataset", "mtbench",
                           "--num-prompts", "2", "--max-tokens", "12",

@@ -1,9 +1,8 @@
 """Search space, layouts, and the resumable BO loop (with a cheap synthetic objective)."""
 
-
 import pytest
 
-from vllm_selfspec import mask_search as ms
+from vllm_selfspec.offline import search as ms
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 L = 6

@@ -113,7 +113,7 @@ def test_table_roundtrip_and_refusals(tmp_path):
 def test_build_bigram_tool_on_tiny_model(tiny_model_path, tmp_path):
     import torch
 
-    from vllm_selfspec.bigram_build import load_model
+    from vllm_selfspec.offline.bigram_build import load_model
     from vllm_selfspec.model_info import stamp_from_model as model_stamp
 
     out = tmp_path / "tiny.safetensors"
@@ -148,8 +148,7 @@ def test_build_bigram_ray_shards_match_single_process(tiny_model_path, tmp_path)
     common = ["--model", tiny_model_path, "--top-k", "3", "--width", "2", "--batch-size", "8192"]
     code = f"""
 import sys
-sys.path.insert(0, {str(ROOT)!r})
-from tools import build_bigram
+from vllm_selfspec.offline import build_bigram
 build_bigram.main({common!r} + ["--out", {str(single)!r}])
 assert "ray" not in sys.modules  # without --ray nothing imports Ray
 import ray

@@ -4,25 +4,21 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 COMMON = ["--dataset", "mtbench", "--num-prompts", "2", "--max-tokens", "12", "--k", "4",
           "--objective", "proxy"]
 
 
 def run_tool(model, out, *extra):
-    from tools import search_mask
+    from vllm_selfspec.offline import search_mask
 
     return search_mask.main(["--model", model, "--out", str(out), *COMMON, *extra])
 
 
 def test_search_writes_loadable_stamped_mask_and_resumes(tiny_model_path, model_path, tmp_path):
-    from vllm_selfspec.hf_target import HFTarget
+    from vllm_selfspec.offline.hf_target import HFTarget
     from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
     from vllm_selfspec.proposers.skip_mask import parse_mask
 
@@ -68,10 +64,9 @@ def test_selfspec_refuses_the_tiny_models_mask(tiny_model_path, model_path, tmp_
 def test_ray_path_on_a_local_cluster(tiny_model_path, tmp_path):
     pytest.importorskip("ray", reason="ray is installed with the [tools] extra")
     code = f"""
-import sys, ray
-sys.path.insert(0, {str(ROOT)!r})
+import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-from tools import search_mask
+from vllm_selfspec.offline import search_mask
 r = search_mask.main(["--model", {tiny_model_path!r}, "--out", {str(tmp_path / 'ray-mask.json')!r},
                       {', '.join(repr(a) for a in COMMON)}, "--iterations", "4", "--ray",
                       "--ray-workers", "2"])
@@ -87,8 +82,7 @@ print("RAY-OK")
 def test_without_ray_nothing_imports_ray(tiny_model_path, tmp_path):
     code = f"""
 import sys
-sys.path.insert(0, {str(ROOT)!r})
-from tools import search_mask
+from vllm_selfspec.offline import search_mask
 search_mask.main(["--model", {tiny_model_path!r}, "--out", {str(tmp_path / 'm.json')!r},
                   {', '.join(repr(a) for a in COMMON)}, "--iterations", "2"])
 print("RAY-IMPORTED" if "ray" in sys.modules else "NO-RAY")

@@ -1,6 +1,6 @@
 """Building N-Grammys tables from a model's own weights (paper §4.1, Appendix B.1).
 
-Used by ``tools/build_bigram.py`` and by method ``ngrammys`` when no table is
+Used by ``tools/build_bigram.py`` (``offline.build_bigram``) and by method ``ngrammys`` when no table is
 given and none is cached for the model (built once at start-up, then cached).
 Everything runs through transformers, no vLLM: the bigram row of token x is the
 top-K of p_M(. | x) from a single-token forward, batched over the vocabulary.

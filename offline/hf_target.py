@@ -7,9 +7,9 @@
   continuation) that keeps every layer's keys and values;
 * ``score``: the teacher-forced draft pass of a skip mask over the continuation
   positions. Queries come from the masked residual stream; keys and values are
-  the full model's at every position (as in the engine's no-write scoring pass,
-  design note §2.4: prefix KV is the verified, full-model KV, and nothing is
-  written). Returns, per position, whether the draft's argmax equals the token
+  the full model's at every position (as in the engine's no-write scoring pass of
+  ``vllm_selfspec.target``: prefix KV is the verified, full-model KV, and nothing
+  is written). Returns, per position, whether the draft's argmax equals the token
   the full model generated, and the draft's top-1 probability;
 * ``time_costs``: a cost model measured with the same passes (one query token
   over the cached K/V behaves like a decode step).

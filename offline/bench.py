@@ -1,0 +1,241 @@
+"""Run several speculative-decoding methods side by side in ONE run, on the same prompts.
+
+Every method gets its own vLLM engine with identical engine settings; all engines
+live in this process (an idle engine costs no CPU), warm up, then take turns
+prompt by prompt (the method order rotates every round), so slow drift of the
+machine hits every method alike. Reported per method: generated tokens, seconds,
+tokens/s, speedup over the baseline in this run, mean acceptance length and
+acceptance rate (vLLM's own per-request spec-decode metrics, warm-up excluded), and
+whether greedy token ids are identical to the baseline's.
+
+    python tools/bench.py --model smollm2-135m --methods baseline,ngram,selfspec \\
+        --dataset mtbench --num-prompts 8 --max-tokens 128 --dtype float32 --json OUT.json
+
+A method entry is ``NAME`` or ``LABEL=NAME`` (NAME: baseline, ngram, or a
+vllm_selfspec method); options pass through with
+``--method-config LABEL='{"skip_mask": "mask.json"}'`` (repeatable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# vLLM's ngram proposer (vllm/v1/spec_decode/ngram_proposer.py) as every comparison runs it
+NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@dataclass
+class Entry:
+    label: str
+    method: str  # "baseline", "ngram" or a plugin method
+    config: dict[str, Any] = field(default_factory=dict)
+    llm: Any = None
+    tokens: int = 0
+    seconds: float = 0.0
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    acc: Any = None  # offline.spec_metrics.Acceptance over the timed requests
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="alias, local folder or hub name")
+    p.add_argument("--methods", default="baseline,ngram,selfspec")
+    p.add_argument("--method-config", action="append", default=[], metavar="LABEL=JSON")
+    p.add_argument("--dataset", default="mtbench")
+    p.add_argument("--split", default="test", choices=["dev", "test", "all"])
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests in flight per engine (prompts are sent in groups of this size)")
+    p.add_argument("--warmup-prompts", type=int, default=1)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no torch.compile for the target (faster start-up)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--json", dest="json_out", default=None, help="write results here")
+    return p.parse_args(argv)
+
+
+def parse_methods(spec: str, configs: list[str]) -> list[Entry]:
+    from vllm_selfspec import methods
+
+    entries: list[Entry] = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        label, _, name = item.partition("=")
+        name = name or label
+        if name not in ("baseline", "ngram") and methods.lookup(name) is None:
+            raise SystemExit(f"unknown method '{name}'; choose baseline, ngram or one of "
+                             f"{', '.join(methods.METHODS)}")
+        entries.append(Entry(label=label, method=name))
+    if not any(e.method == "baseline" for e in entries):
+        entries.insert(0, Entry(label="baseline", method="baseline"))
+    by_label = {e.label: e for e in entries}
+    for c in configs:
+        label, _, js = c.partition("=")
+        if label not in by_label:
+            raise SystemExit(f"--method-config names '{label}', which is not in --methods")
+        try:
+            by_label[label].config.update(json.loads(js))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--method-config {label}: invalid JSON ({e})")
+    for e in entries:
+        if e.method == "ngram":
+            e.config = {**NGRAM_DEFAULTS, **e.config}
+    return entries
+
+
+def speculative_config(e: Entry) -> dict[str, Any] | None:
+    if e.method == "baseline":
+        return None
+    return {"method": e.method, **e.config}
+
+
+def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
+    acc = e.acc
+    tps = e.tokens / e.seconds if e.seconds else 0.0
+    base_tps = base.tokens / base.seconds if base.seconds else 0.0
+    mal = acc.mean_acceptance_length  # 1.0 for the baseline: one token per target step
+    rate = acc.acceptance_rate  # None for the baseline: nothing drafted
+    if rate is None and e.method != "baseline":
+        rate = 0.0
+    identical = None
+    if greedy:
+        identical = all(e.outputs[k] == base.outputs[k] for k in base.outputs)
+    return {
+        "method": e.label, "base_method": e.method, "config": e.config,
+        "tokens": e.tokens, "seconds": round(e.seconds, 4), "tokens_per_s": round(tps, 3),
+        "speedup": round(tps / base_tps, 4) if base_tps else None,
+        "mean_acceptance_length": round(mal, 4),
+        "acceptance_rate": None if rate is None else round(rate, 4),
+        "tokens_per_step": round(acc.tokens_per_step, 4),
+        "num_drafts": acc.drafts, "num_draft_tokens": acc.draft_tokens,
+        "num_accepted_tokens": acc.accepted, "identical_to_baseline": identical,
+        **e.extra,
+    }
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols = ["method", "tokens", "seconds", "tokens_per_s", "speedup", "mean_acceptance_length",
+            "acceptance_rate", "identical_to_baseline"]
+    heads = ["method", "tokens", "s", "tok/s", "speedup", "accept len", "accept rate", "identical"]
+    cells = [[("-" if r[c] is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]))
+              for c in cols] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    print("  ".join(h.ljust(w) for h, w in zip(heads, widths)))
+    for c in cells:
+        print("  ".join(x.ljust(w) for x, w in zip(c, widths)))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # local drafter stats RPC
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams, TokensPrompt
+
+    import vllm_selfspec
+    from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
+
+    entries = parse_methods(args.methods, args.method_config)
+    model_path = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    n_total = args.warmup_prompts + args.num_prompts
+    prompts = load_prompts(args.dataset, tok, args.split, n_total, args.max_prompt_tokens)
+    if len(prompts) < n_total:
+        raise SystemExit(f"{args.dataset}/{args.split} has only {len(prompts)} prompts "
+                         f"of at most {args.max_prompt_tokens} tokens; asked for {n_total}")
+    warm, timed = prompts[: args.warmup_prompts], prompts[args.warmup_prompts:]
+    greedy = args.temperature == 0.0
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                        ignore_eos=args.ignore_eos, seed=None if greedy else 0)
+    engine_kw = dict(dtype=args.dtype, max_model_len=args.max_model_len, block_size=32,
+                     kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
+                     max_num_seqs=args.concurrency, enforce_eager=args.enforce_eager,
+                     seed=0)
+    config = {"model": args.model, "model_path": model_path, "dataset": args.dataset,
+              "split": args.split, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+              "dtype": args.dtype, "temperature": args.temperature, "concurrency": args.concurrency,
+              "enforce_eager": args.enforce_eager, "ignore_eos": args.ignore_eos,
+              "warmup_prompts": args.warmup_prompts, "prompt_ids": [p.id for p in timed],
+              "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
+              "command": "python tools/bench.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
+
+    for e in tqdm(entries, desc="starting engines", unit="engine"):
+        spec = speculative_config(e)
+        e.llm = LLM(model_path, speculative_config=spec,
+                    **engine_args({"speculative_config": spec}), **engine_kw)
+        e.acc = Acceptance()
+        e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
+                       use_tqdm=False)
+
+    groups = [timed[i: i + args.concurrency] for i in range(0, len(timed), args.concurrency)]
+    bar = tqdm(total=len(groups) * len(entries), desc="benchmark", unit="run")
+    for g, group in enumerate(groups):
+        order = entries[g % len(entries):] + entries[: g % len(entries)]
+        batch = [TokensPrompt(prompt_token_ids=p.token_ids) for p in group]
+        for e in order:
+            t0 = time.perf_counter()
+            outs = e.llm.generate(batch, sp, use_tqdm=False)
+            e.seconds += time.perf_counter() - t0
+            e.acc.add(acceptance(outs))
+            for p, o in zip(group, outs):
+                ids = list(o.outputs[0].token_ids)
+                e.outputs[p.id] = ids
+                e.tokens += len(ids)
+            bar.update(1)
+    bar.close()
+    for e in entries:
+        if e.method not in ("baseline", "ngram"):
+            try:
+                from vllm_selfspec.control import drafter_stats
+
+                st = e.llm.collective_rpc(drafter_stats)[0]
+                e.extra["drafter"] = {k: v for k, v in st.items() if k != "trace"}  # swift's is long
+            except Exception as ex:  # stats are informative only
+                e.extra["drafter"] = {"error": str(ex)}
+    base = next(e for e in entries if e.method == "baseline")
+    rows = [result_row(e, base, greedy) for e in entries]
+    print_table(rows)
+    report = {"config": config, "results": rows}
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json_out}")
+    for e in entries:
+        del e.llm
+    return report
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    try:
+        import vllm
+
+        vv = vllm.__version__
+    except Exception:  # pragma: no cover
+        vv = "?"
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "vllm": vv, "python": platform.python_version(),
+            "cuda": torch.cuda.is_available()}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""What one self-speculative draft token costs, against one plain decode step.
+
+Two engines with the same settings, batch 1:
+
+* baseline: the worker's pure-decode steps are timed (``execute_model`` +
+  ``sample_tokens``: input preparation, forward, logits, sampling, bookkeeping);
+* selfspec: the draft forwards are timed inside the drafter (attention metadata,
+  the kept sub-layers, final norm, LM head), with the draft-exit threshold at 0
+  so every step drafts K tokens, for skip masks that keep a fraction f of the 2L
+  sub-layers (uniform masks, switched inside one engine).
+
+Reports cost(f) / decode step per f, the least-squares fit cost ≈ a·f + b (b =
+fixed overhead per draft token), a JSON file and a PNG plot. Two more masks (all
+inner attention skipped, all inner MLP skipped) split the cost per sub-layer kind,
+and the verification forwards of K drafts give the cost of verifying one more
+token: together the "cost_model" block that tools/search_mask.py --cost-model
+reads (proposers/expected_speedup.py: CostModel).
+
+    python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--fractions", default="1,0.75,0.5,0.25",
+                   help="kept fractions f of the 2L sub-layers")
+    p.add_argument("--dataset", default="mtbench")
+    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
+    return p.parse_args(argv)
+
+
+def mask_for_fraction(num_layers: int, f: float) -> dict[str, Any]:
+    from vllm_selfspec.proposers.skip_mask import uniform_mask
+
+    inner = 2 * (num_layers - 2)
+    n_skip = round((1.0 - f) * 2 * num_layers)
+    if n_skip > inner:
+        raise SystemExit(f"f={f} needs {n_skip} skipped sub-layers; at most {inner} "
+                         "(the first and last layer are kept)")
+    ratio = n_skip / inner
+    m = uniform_mask(num_layers, min(ratio, 0.999))
+    return {"attention": sorted(m.attention), "mlp": sorted(m.mlp)}
+
+
+def fit_cost_model(rows: list[dict[str, Any]], num_layers: int, verify_per_token: float
+                   ) -> dict[str, float]:
+    """Least squares: ratio = fixed + a·kept_attention + m·kept_mlp."""
+    import numpy as np
+
+    a = np.array([[1.0, num_layers - r["skipped_attention"], num_layers - r["skipped_mlp"]]
+                  for r in rows])
+    y = np.array([r["ratio_to_decode_step"] for r in rows])
+    (fixed, per_attn, per_mlp), *_ = np.linalg.lstsq(a, y, rcond=None)
+    return {"draft_fixed": float(max(fixed, 0.0)), "draft_attention": float(max(per_attn, 0.0)),
+            "draft_mlp": float(max(per_mlp, 0.0)), "verify_per_token": float(verify_per_token)}
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my
+    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return a, my - a * mx
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoTokenizer
+    from vllm import SamplingParams, TokensPrompt
+
+    from vllm_selfspec import control
+    from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.llm import LLM
+
+    path = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    num_layers = AutoConfig.from_pretrained(path).num_hidden_layers
+    prompts = [TokensPrompt(prompt_token_ids=p.token_ids)
+               for p in load_prompts(args.dataset, tok, "test", args.num_prompts + 1, 512)]
+    warm, timed = prompts[:1], prompts[1:]
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    kw = dict(dtype=args.dtype, max_model_len=2048, block_size=32, kv_cache_memory_bytes=1 << 30,
+              max_num_seqs=1, enforce_eager=args.enforce_eager, seed=0)
+    fractions = [float(x) for x in args.fractions.split(",")]
+
+    base = LLM(path, **kw)
+    base.generate(warm, sp, use_tqdm=False)
+    base.collective_rpc(control.install_step_timer)
+    for p in tqdm(timed, desc="baseline decode steps"):
+        base.generate([p], sp, use_tqdm=False)
+    st = base.collective_rpc(control.step_timer)[0]
+    decode_s = st["seconds"] / st["steps"]
+    forward_1 = st["forward"].get(1) or st["forward"].get("1")
+    base.llm_engine.engine_core.shutdown()
+    del base
+
+    spec = LLM(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
+                                         "skip_mask": {"attention": [], "mlp": []},
+                                         "cost_gate": False}, **kw)
+    spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
+    spec.generate(warm, sp, use_tqdm=False)
+    spec.collective_rpc(control.install_step_timer)
+    inner = list(range(1, num_layers - 1))
+    masks = [(f"kept {f:g}", mask_for_fraction(num_layers, f)) for f in fractions]
+    masks += [("no inner attention", {"attention": inner, "mlp": []}),
+              ("no inner MLP", {"attention": [], "mlp": inner})]
+    rows = []
+    for label, mask in tqdm(masks, desc="draft cost per mask"):
+        spec.collective_rpc(control.set_skip_mask, args=(mask,))
+        spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
+        spec.generate(warm, sp, use_tqdm=False)  # warm this mask
+        spec.collective_rpc(control.reset_stats)
+        for p in timed:
+            spec.generate([p], sp, use_tqdm=False)
+        s = spec.collective_rpc(control.drafter_stats)[0]
+        per_token = s["draft_seconds"] / s["draft_rows"]
+        kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
+        rows.append({"mask": label, "kept_fraction": round(kept, 4),
+                     "skipped_attention": len(mask["attention"]),
+                     "skipped_mlp": len(mask["mlp"]), "draft_tokens": s["draft_rows"],
+                     "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
+    fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
+    spec.llm_engine.engine_core.shutdown()
+    del spec
+    verify_k = fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
+    if not verify_k or not forward_1:
+        raise SystemExit(f"no plain steps or no verification steps of {args.k} drafts were timed; "
+                         "raise --max-tokens")
+    v = (verify_k - forward_1) / (args.k * decode_s)
+    uniform_rows = [r for r in rows if r["mask"].startswith("kept")]
+    a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
+                    [r["ratio_to_decode_step"] for r in uniform_rows])
+    report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
+              "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
+              "rows": rows, "fit": {"slope": a, "overhead": b,
+                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
+              "cost_model": fit_cost_model(rows, num_layers, v)}
+    print(f"plain decode step (worker): {1000 * decode_s:.1f} ms over {st['steps']} steps")
+    print("mask                 kept f   draft token ms   ratio to decode step")
+    for r in rows:
+        print(f"{r['mask']:<20} {r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}"
+              f"         {r['ratio_to_decode_step']:.3f}")
+    print(report["fit"]["formula"])
+    print(f"verifying {args.k} drafts: forward {1000 * verify_k:.1f} ms vs "
+          f"{1000 * forward_1:.1f} ms for one token -> {v:.3f} decode steps per extra token")
+    print("cost model:", json.dumps(report["cost_model"]))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        plot = args.plot or str(Path(args.json_out).with_suffix(".png"))
+        draw(uniform_rows, a, b, plot)
+        print(f"wrote {args.json_out} and {plot}")
+    return report
+
+
+def draw(rows: list[dict[str, Any]], a: float, b: float, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r["kept_fraction"] for r in rows]
+    ys = [r["ratio_to_decode_step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(xs, ys, "o", label="measured")
+    ax.plot([0, 1], [b, a + b], "-", label=f"fit {a:.2f}·f + {b:.2f}")
+    ax.plot([0, 1], [0, 1], ":", color="grey", label="ideal f")
+    ax.set_xlabel("kept fraction f of the 2L sub-layers")
+    ax.set_ylabel("draft token / plain decode step")
+    ax.set_xlim(0, 1.05)
+    ax.set_ylim(0, max(1.35, max(ys) + 0.1))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

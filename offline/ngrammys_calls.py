@@ -1,0 +1,244 @@
+"""Tokens per target call of N-Grammys strategies, replayed offline on the model's
+own greedy continuations (paper Figure 2, §5.2; issue "ngrammys").
+
+    python tools/ngrammys_calls.py --model smollm2-135m --table TABLE \\
+        --datasets mtbench,humaneval --num-prompts 20 --max-tokens 128 --out-dir results/ngrammys
+
+For each prompt the full model's greedy continuation is generated once (cached in
+OUT-DIR). Greedy verification accepts exactly the longest prefix of a draft that
+equals the continuation, so every strategy can be replayed without the engine:
+
+* figure2: the paper's batched oracle (a step yields 1 + the longest match over
+  all k rows) for unigram, bigram and extended bigram (w = 2, 3) rows against k;
+* realizations: the engine's own proposer (proposers.ngrammys) run step by step —
+  (a) one row per step chosen by ``selection``, (c) with ``keep_rows`` — next to
+  (b), scoring all k rows with one extra no-write target forward (the oracle's
+  accepted length, at two target calls per step), and the oracle itself;
+  "est. speedup" charges each verified draft token ``verify_per_token`` of a
+  decode step (results/draft-cost.json, measured on this machine).
+
+Writes OUT-DIR/ngrammys-calls.json, figure2.png and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
+from vllm_selfspec.proposers.ngram_tables import BigramTable
+from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows
+
+Rows = Callable[[np.ndarray], list[list[int]]]
+
+
+def match_len(row: list[int], future: list[int]) -> int:
+    n = 0
+    for a, b in zip(row, future):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def replay(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_step: int = 1
+           ) -> tuple[int, int, int]:
+    """Tokens, target calls and drafted tokens when each step verifies ``rows_fn``'s rows
+    and yields 1 + the longest match (one row: the engine; k rows: the batched oracle)."""
+    hist = list(prompt) + cont[:1]
+    t, calls, drafted = 1, 1, 0  # the prefill produced the first token
+    while t < len(cont):
+        limit = len(cont) - t - 1
+        rows = [r[:limit] for r in rows_fn(np.asarray(hist))] if limit > 0 else []
+        a = max((match_len(r, cont[t:]) for r in rows), default=0)
+        drafted += max((len(r) for r in rows), default=0)
+        hist += cont[t: t + a + 1]
+        t += a + 1
+        calls += calls_per_step
+    return len(cont), calls, drafted
+
+
+def replay_proposer(prompt: list[int], cont: list[int], proposer: NGrammysProposer
+                    ) -> tuple[int, int, int]:
+    """``replay`` of the engine's proposer: its one chain per step."""
+    def chain(h: np.ndarray) -> list[list[int]]:
+        req = DraftRequest(row=0, req_id="r", position=len(h) - 1, token=int(h[-1]),
+                           max_len=len(cont))
+        return [proposer.propose(DraftBatch(["r"], [req], h[None], np.asarray([len(h)]))).drafts[0]]
+
+    try:
+        return replay(prompt, cont, chain)
+    finally:
+        proposer.finish({"r"})
+
+
+def summarize(runs: list[tuple[int, int, int]], verify_per_token: float) -> dict[str, float]:
+    tokens = sum(r[0] for r in runs)
+    calls = sum(r[1] for r in runs)
+    drafted = sum(r[2] for r in runs)
+    cost = calls + verify_per_token * drafted
+    return {"tokens_per_call": tokens / calls, "est_speedup": tokens / cost,
+            "drafted_per_call": drafted / calls}
+
+
+def continuations(model_path: str, dataset: str, split: str, n: int, max_tokens: int,
+                  cache: Path) -> tuple[list[list[int]], list[list[int]]]:
+    from transformers import AutoTokenizer
+
+    from vllm_selfspec.offline.datasets import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    ps = load_prompts(dataset, tok, split, n, 512)
+    from tqdm import tqdm
+
+    from vllm_selfspec.offline.hf_target import HFTarget, cached_continuations
+
+    target: list[HFTarget] = []  # loaded only if the cache misses
+
+    def generate(p: list[int], n: int) -> list[int]:
+        if not target:
+            target.append(HFTarget(model_path))
+        return target[0].generate_greedy(p, n)
+
+    prompts = [p.token_ids for p in ps]
+    return prompts, cached_continuations(cache, [p.id for p in ps], prompts, max_tokens, generate,
+                                         lambda it: tqdm(it, desc=f"{dataset} continuations"))
+
+
+def figure2(data: list[tuple[list[int], list[int]]], table: BigramTable, ks: list[int],
+            vpt: float) -> dict[str, list[dict[str, float]]]:
+    strategies: dict[str, Callable[[int], Rows]] = {
+        "unigram": lambda k: (lambda h: table.unigram_rows(k)),
+        "bigram": lambda k: (lambda h: table.rows(int(h[-1]), k, 1)),
+        "extended bigram w=2": lambda k: (lambda h: table.rows(int(h[-1]), k, 2)),
+        "extended bigram w=3": lambda k: (lambda h: table.rows(int(h[-1]), k, 3)),
+    }
+    out: dict[str, list[dict[str, float]]] = {}
+    for name, make in strategies.items():
+        out[name] = []
+        for k in ks:
+            runs = [replay(p, c, make(k)) for p, c in data]
+            out[name].append({"k": k, **summarize(runs, vpt)})
+    return out
+
+
+def realizations(data: list[tuple[list[int], list[int]]], table: BigramTable,
+                 grid: list[dict[str, Any]], vpt: float, progress: Any) -> list[dict[str, Any]]:
+    rows = []
+    for cfg in progress(grid):
+        w = cfg["w"]
+        opts = {"table": table, "num_rows": cfg["k"], "query_length": cfg["q"],
+                "bigram_width": cfg["bw"],
+                "selection": cfg["selection"], "keep_rows": cfg["keep_rows"]}
+        prop = NGrammysProposer(w, opts)
+        a = summarize([replay_proposer(p, c, prop) for p, c in data], vpt)
+
+        def rows_fn(h: np.ndarray, cfg: dict[str, Any] = cfg) -> list[list[int]]:
+            return mixed_rows(h, table, cfg["k"], cfg["w"], cfg["q"], 1, cfg["bw"])
+
+        oracle = [replay(p, c, rows_fn) for p, c in data]
+        b = summarize([(t, 2 * (n - 1) + 1, d) for t, n, d in oracle], vpt)
+        o = summarize(oracle, vpt)
+        rows.append({**cfg, "chain": a, "b_score_rows": b, "oracle": o})
+    return rows
+
+
+def draw(fig: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f, axes = plt.subplots(1, len(fig), figsize=(5 * len(fig), 4), squeeze=False)
+    for ax, (ds, curves) in zip(axes[0], fig.items()):
+        for name, pts in curves.items():
+            ax.plot([p["k"] for p in pts], [p["tokens_per_call"] for p in pts], marker="o",
+                    label=name)
+        ax.set_title(f"{ds}: batched oracle (Figure 2)")
+        ax.set_xlabel("k (rows per step)")
+        ax.set_ylabel("tokens per call")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    f.tight_layout()
+    f.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--table", required=True)
+    p.add_argument("--datasets", default="mtbench,humaneval")
+    p.add_argument("--split", default="test", choices=("dev", "test"))
+    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--ks", default="1,2,5,10,15,20,25")
+    p.add_argument("--widths", default="4,8,12")
+    p.add_argument("--bigram-widths", default="2",
+                   help="widths of the bigram rows tried besides w itself")
+    p.add_argument("--queries", default="1,2,3")
+    p.add_argument("--grid-ks", default="1,5,10,25")
+    p.add_argument("--cost", default="results/draft-cost.json",
+                   help="draft-cost JSON with cost_model.verify_per_token")
+    p.add_argument("--out-dir", default="results/ngrammys")
+    args = p.parse_args(argv)
+    from tqdm import tqdm
+
+    from vllm_selfspec.assets import resolve_model
+
+    out = Path(args.out_dir)
+    path = resolve_model(args.model)
+    table = BigramTable.load(args.table)
+    vpt = float(json.loads(Path(args.cost).read_text())["cost_model"]["verify_per_token"]) \
+        if Path(args.cost).exists() else 0.0
+    ks = [int(x) for x in args.ks.split(",")]
+    bws = [int(x) for x in args.bigram_widths.split(",")]
+    grid = [{"k": k, "w": w, "bw": bw, "q": q, "selection": s, "keep_rows": kr}
+            for k, w, q, s, kr in itertools.product(
+                [int(x) for x in args.grid_ks.split(",")], [int(x) for x in args.widths.split(",")],
+                [int(x) for x in args.queries.split(",")], ("first", "likelihood"), (False, True))
+            for bw in sorted({min(b, w) for b in bws} | {w})]
+    report: dict[str, Any] = {"config": vars(args), "verify_per_token": vpt, "figure2": {},
+                              "realizations": {}}
+    for ds in args.datasets.split(","):
+        prompts, conts = continuations(path, ds, args.split, args.num_prompts, args.max_tokens,
+                                       out / f"continuations-{ds}-{args.split}.json")
+        data = list(zip(prompts, conts))
+        report["figure2"][ds] = figure2(data, table, ks, vpt)
+        report["realizations"][ds] = realizations(
+            data, table, grid, vpt, lambda it: tqdm(it, desc=f"{ds} realizations"))
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.split == "test" else f"-{args.split}"
+    (out / f"ngrammys-calls{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
+    draw(report["figure2"], out / f"figure2{suffix}.png")
+    print_tables(report)
+    return report
+
+
+def print_tables(report: dict[str, Any]) -> None:
+    for ds, curves in report["figure2"].items():
+        print(f"\n### {ds}: tokens per call of the batched oracle (Figure 2)")
+        ks = [p["k"] for p in next(iter(curves.values()))]
+        print("| strategy | " + " | ".join(f"k={k}" for k in ks) + " |")
+        print("|---|" + "---:|" * len(ks))
+        for name, pts in curves.items():
+            print(f"| {name} | " + " | ".join(f"{p['tokens_per_call']:.2f}" for p in pts) + " |")
+    for ds, rows in report["realizations"].items():
+        best = sorted(rows, key=lambda r: -r["chain"]["est_speedup"])[:8]
+        print(f"\n### {ds}: realizations, best 8 by estimated speedup of the chain")
+        print("| k | w | bigram w | q | selection | keep_rows | (a/c) chain tok/call | est. speedup "
+              "| (b) score rows tok/call | oracle tok/call |")
+        print("|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
+        for r in best:
+            print(f"| {r['k']} | {r['w']} | {r['bw']} | {r['q']} | {r['selection']} | {r['keep_rows']} | "
+                  f"{r['chain']['tokens_per_call']:.2f} | {r['chain']['est_speedup']:.2f} | "
+                  f"{r['b_score_rows']['tokens_per_call']:.2f} | "
+                  f"{r['oracle']['tokens_per_call']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

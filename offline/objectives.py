@@ -1,0 +1,151 @@
+"""Objectives of the skip-mask search (Draft & Verify §3.3); both maximize a speedup
+over plain decoding and return ``{"value": speedup, ...details}`` from ``evaluate``.
+
+* ``ProxyObjective`` — teacher-forced, hardware-light: the full model's greedy
+  continuations of the dev prompts are generated once; each candidate costs one
+  masked pass over them (``offline.hf_target.HFTarget.score``), replayed through the
+  draft-exit rule and priced by a measured cost model
+  (``proposers.expected_speedup``).
+* ``MeasuredObjective`` — the paper's: wall time per generated token of
+  ``selfspec`` decoding of the dev prompts inside ONE vLLM engine, the mask
+  switched between trials (``control.set_skip_mask``), against plain decoding
+  timed in the same engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from vllm_selfspec.offline.dev_set import DevSet, agreement
+from vllm_selfspec.proposers.draft_exit import DraftExitConfig
+from vllm_selfspec.proposers.expected_speedup import CostModel, replay
+from vllm_selfspec.proposers.skip_mask import SkipMask
+
+
+class ProxyObjective:
+    name = "proxy"
+
+    def __init__(self, model_path: str, dev: DevSet, max_tokens: int, k: int,
+                 exit_cfg: DraftExitConfig, cost: CostModel | None = None,
+                 continuations_path: Path | None = None, device: str = "cpu",
+                 progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x) -> None:
+        from vllm_selfspec.offline.hf_target import HFTarget, cached_continuations
+
+        self.target = HFTarget(model_path, device=device)
+        self.k, self.exit_cfg = k, exit_cfg
+        self.dev = dev
+        dev.continuations = cached_continuations(continuations_path, dev.prompt_ids,
+                                                 dev.prompts, max_tokens,
+                                                 self.target.generate_greedy, progress)
+        self.prepared = [self.target.prepare(p, c) for p, c in zip(dev.prompts, dev.continuations)]
+        self.cost = cost or self.target.time_costs(self.prepared[0])
+
+    @property
+    def num_layers(self) -> int:
+        return self.target.num_layers
+
+    def teacher_forced(self, mask: SkipMask) -> tuple[list[list[bool]], list[list[float]]]:
+        """Per dev prompt: does the masked model's top-1 match the continuation, and its
+        top-1 probability, at every position (one forward per prompt)."""
+        agree, conf = [], []
+        for prep in self.prepared:
+            a, c = self.target.score(prep, mask)
+            agree.append(a.tolist())
+            conf.append(c.tolist())
+        return agree, conf
+
+    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        agree, conf = self.teacher_forced(mask)
+        r = replay(agree, conf, mask, self.num_layers, self.k, self.cost, self.exit_cfg)
+        matchness = agreement(agree)
+        return {"value": r.speedup, "acceptance_rate": r.acceptance_rate,
+                "mean_acceptance_length": r.mean_acceptance_length, "matchness": matchness,
+                "tokens_per_step": r.tokens / r.steps if r.steps else 1.0,
+                "eval_seconds": time.perf_counter() - t0}
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": self.name, "k": self.k, "cost_model": self.cost.to_json(),
+                "draft_exit": vars(self.exit_cfg)}
+
+
+class MeasuredObjective:
+    """Wall time per token of selfspec decoding inside one vLLM engine."""
+
+    name = "measured"
+
+    def __init__(self, model_path: str, dev: DevSet, max_tokens: int, k: int,
+                 exit_cfg: DraftExitConfig, dtype: str = "float32", enforce_eager: bool = True,
+                 replan_every: int = 10) -> None:
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        from vllm import SamplingParams, TokensPrompt
+
+        from vllm_selfspec import control
+        from vllm_selfspec.llm import LLM
+
+        self.control = control
+        self.dev, self.k, self.exit_cfg = dev, k, exit_cfg
+        self.llm = LLM(model_path, dtype=dtype, max_model_len=2048, block_size=32,
+                       kv_cache_memory_bytes=1 << 30, max_num_seqs=1, seed=0,
+                       enforce_eager=enforce_eager,
+                       speculative_config={"method": "selfspec", "num_speculative_tokens": k,
+                                           "skip_mask": {"attention": [], "mlp": []},
+                                           "cost_gate": False,
+                                           "draft_exit_threshold": exit_cfg.threshold,
+                                           "adaptive_threshold": exit_cfg.adaptive,
+                                           "target_acceptance": exit_cfg.target_acceptance})
+        self.prompts = [TokensPrompt(prompt_token_ids=p) for p in dev.prompts]
+        self.sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        self.num_layers = self.llm.llm_engine.model_config.hf_config.num_hidden_layers
+        self.llm.generate(self.prompts[:1], self.sp, use_tqdm=False)  # warm up
+        self.replan_every = replan_every
+        self.trials = 0
+        self.plain_tps = self._plain()
+
+    def _run(self) -> tuple[int, float]:
+        tokens, seconds = 0, 0.0
+        for p in self.prompts:
+            t0 = time.perf_counter()
+            out = self.llm.generate([p], self.sp, use_tqdm=False)
+            seconds += time.perf_counter() - t0
+            tokens += len(out[0].outputs[0].token_ids)
+        return tokens, seconds
+
+    def _plain(self) -> float:
+        self.llm.collective_rpc(self.control.set_drafting, args=(False,))
+        try:
+            tokens, seconds = self._run()
+        finally:
+            self.llm.collective_rpc(self.control.set_drafting, args=(True,))
+        return tokens / seconds
+
+    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
+        self.trials += 1
+        if self.replan_every and self.trials % self.replan_every == 0:
+            self.plain_tps = 0.5 * self.plain_tps + 0.5 * self._plain()  # follow machine drift
+        self.llm.collective_rpc(self.control.set_skip_mask,
+                                args=(mask.to_json(), self.exit_cfg.threshold))
+        self.llm.collective_rpc(self.control.reset_stats)
+        tokens, seconds = self._run()
+        st = self.llm.collective_rpc(self.control.drafter_stats)[0]
+        drafted, accepted = st.get("drafted", 0), st.get("accepted", 0)
+        drafts = st.get("drafts", 0)
+        tps = tokens / seconds
+        return {"value": tps / self.plain_tps, "seconds_per_token": seconds / tokens,
+                "tokens_per_s": tps, "plain_tokens_per_s": self.plain_tps,
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0}
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": self.name, "k": self.k, "draft_exit": vars(self.exit_cfg)}
+
+    def close(self) -> None:
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+
+
