@@ -18,10 +18,9 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from vllm_selfspec.assets import cache_dir
 from vllm_selfspec.log import logger
 from vllm_selfspec.model_info import stamp_from_model
-from vllm_selfspec.proposers.artifacts import ModelStamp
+from vllm_selfspec.proposers.artifacts import ModelStamp, artifact_path, cache_dir
 from vllm_selfspec.proposers.ngram_tables import BigramTable, repeated_extension
 
 EXTENSIONS = ("repeated", "greedy")
@@ -173,18 +172,11 @@ def default_prefix(model_path: str) -> list[int]:
     return [int(i) for i in ids[-1:]]
 
 
-def cached_table_path(stamp: ModelStamp) -> Path | None:
-    """Where the default table of these exact weights is cached (needs a fingerprint):
-    built on first use, or put there by ``tools/build_bigram.py --install``."""
-    if not stamp.fingerprint:
-        return None
-    return (cache_dir() / "bigram"
-            / f"{stamp.architecture}-{stamp.vocab_size}-{stamp.fingerprint}.safetensors")
-
-
 def table_for_model(model_path: str, stamp: ModelStamp) -> Path:
-    """The cached table of this model, built now (default TableSpec) if missing."""
-    path = cached_table_path(stamp)
+    """The cached table of this model (``artifact_path("bigram", stamp)``: built on first
+    use, or put there by ``tools/build_bigram.py --install``), built now (default
+    TableSpec) if missing."""
+    path = artifact_path("bigram", stamp)
     if path is not None and path.exists():
         logger.info("vllm_selfspec: no bigram_table given; using the table cached for this "
                     "model: %s", path)

@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.offline.bigram_build import build_table, cached_table_path, load_model
+    from vllm_selfspec.offline.bigram_build import build_table, load_model
+    from vllm_selfspec.proposers.artifacts import artifact_path, atomic_path
 
     model_path = resolve_model(args.model)
     if args.ray:
@@ -137,13 +138,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {"out": str(out), "model": table.stamp.to_json() if table.stamp else None,
                "vocab_size": table.vocab_size, **table.meta}
     if args.install and table.stamp is not None:
-        dest = cached_table_path(table.stamp)
+        dest = artifact_path("bigram", table.stamp)
         if dest is None:
             print("--install needs a weights fingerprint (a Llama-family checkpoint); not "
                   "installed", file=sys.stderr)
         else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out, dest)
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(out, tmp)
             summary["installed"] = str(dest)
     print(json.dumps(summary, indent=2))
     print(f"built the table of {table.vocab_size} tokens in {table.meta['build_seconds']} s",

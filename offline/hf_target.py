@@ -21,7 +21,6 @@ decoders with rotary attention).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_selfspec.adapters import SUPPORTED_ARCHITECTURES, UnsupportedModelError
-from vllm_selfspec.proposers.artifacts import ModelStamp
+from vllm_selfspec.proposers.artifacts import ModelStamp, atomic_path
 from vllm_selfspec.proposers.expected_speedup import CostModel
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
@@ -53,11 +52,9 @@ def cached_continuations(path: Path | None, prompt_ids: list[str], prompts: list
             return cached["continuations"]
     conts = [generate(p, max_tokens) for p in progress(prompts)]
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"prompt_ids": prompt_ids, "max_tokens": max_tokens,
-                                   "continuations": conts}))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"prompt_ids": prompt_ids, "max_tokens": max_tokens,
+                                       "continuations": conts}))
     return conts
 
 

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.offline.dev_set import load_dev_set
     from vllm_selfspec.offline.objectives import ProxyObjective
-    from vllm_selfspec.offline.search import append_log, read_log
+    from vllm_selfspec.proposers.artifacts import append_jsonl, read_jsonl
     from vllm_selfspec.proposers.early_exit import fixed_speculations
     from vllm_selfspec.proposers.expected_speedup import CostModel
 
@@ -128,12 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     L = objective.num_layers
     es = ([int(x) for x in args.exit_layers.split(",")] if args.exit_layers
           else list(range(1, L + 1)))
-    done = {r["exit_layer"]: r for r in read_log(log_path)} if args.resume else {}
+    done = {r["exit_layer"]: r for r in read_jsonl(log_path)} if args.resume else {}
     if not args.resume and log_path.exists():
         log_path.unlink()
     for e in tqdm([e for e in es if e not in done], desc="exit layers"):
         row = sweep_row(objective, e, ds)
-        append_log(log_path, row)
+        append_jsonl(log_path, row)
         done[e] = row
     rows = [done[e] for e in es]
     useful = [(r["per_d"][str(d)]["expected_speedup"], r["exit_layer"], d)

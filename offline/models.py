@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
-from vllm_selfspec.assets import cache_dir
+from vllm_selfspec.proposers.artifacts import atomic_path, cache_dir
 
 
 @dataclass(frozen=True)
@@ -78,12 +76,10 @@ def prepare(model: GGUFModel) -> Path:
         gguf = _package_dir(model.module, model.package) / model.filename
         if not gguf.exists():
             raise FileNotFoundError(f"{gguf} is missing from package {model.package}")
-        tmp = out.parent / f".{model.folder}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         t0 = time.time()
         print(f"[vllm_selfspec] converting {gguf.name} to {out} (once) ...", file=sys.stderr)
-        _convert(gguf, tmp, model)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            _convert(gguf, tmp, model)
         print(f"[vllm_selfspec] converted in {time.time() - t0:.0f}s", file=sys.stderr)
     return out
 

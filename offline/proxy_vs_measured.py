@@ -42,12 +42,13 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def candidate_masks(num_layers: int, n: int, seed: int, log: str | None) -> dict[str, Any]:
-    from vllm_selfspec.offline.search import layout_masks, read_log
+    from vllm_selfspec.offline.search import layout_masks
+    from vllm_selfspec.proposers.artifacts import read_jsonl
     from vllm_selfspec.proposers.skip_mask import SkipMask, uniform_mask
 
     out: dict[str, SkipMask] = {}
     if log:
-        trials = sorted(read_log(Path(log)), key=lambda t: -t["value"])
+        trials = sorted(read_jsonl(log), key=lambda t: -t["value"])
         for t in trials[: max(1, n // 4)]:
             out[f"trial{t['iteration']}"] = SkipMask(frozenset(t["attention"]), frozenset(t["mlp"]))
     for r in (0.05, 0.15, 0.3):

@@ -5,19 +5,19 @@ The search space is one variable in [0, 1] per attention and per MLP sub-layer
 with a fixed skip budget N, the N largest variables are skipped (SWIFT's rule).
 The optimizer is ``bayesian-optimization`` 3.x (UCB acquisition; ConstantLiar
 for batches of suggestions evaluated in parallel). Known masks can be probed
-first. Every trial is appended to a JSONL log that ``resume`` replays into the
-optimizer. The objectives live in ``offline.objectives``.
+first. Every trial is appended to a JSONL log (``artifacts.append_jsonl``) that
+``resume`` replays into the optimizer. The objectives live in ``offline.objectives``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from vllm_selfspec.proposers.artifacts import append_jsonl, read_jsonl
 from vllm_selfspec.proposers.skip_mask import SkipMask, uniform_mask
 
 TOOL_VERSION = "1"
@@ -85,28 +85,6 @@ def default_probes(num_layers: int, budget: int | None) -> list[SkipMask]:
     return [SkipMask(source="empty")] + [uniform_mask(num_layers, r) for r in (0.1, 0.2, 0.3)]
 
 
-# ---- trials log ----------------------------------------------------------------------------
-def read_log(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a torn last line from an interrupted run
-    return out
-
-
-def append_log(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ---- the search ----------------------------------------------------------------------------
 @dataclass
 class SearchConfig:
@@ -135,7 +113,7 @@ def search(cfg: SearchConfig, evaluate_batch: Callable[[list[SkipMask]], list[di
            progress: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
     """Run (or resume) the search; return all trial records."""
     opt = make_optimizer(cfg)
-    trials = read_log(log_path)
+    trials = read_jsonl(log_path)
     for t in trials:  # --resume: the optimizer relearns every finished trial
         opt.register(vector_to_params(t["z"], cfg.num_layers), float(t["value"]))
     seen = {t["mask_key"]: t for t in trials}
@@ -164,7 +142,7 @@ def search(cfg: SearchConfig, evaluate_batch: Callable[[list[SkipMask]], list[di
                    **{kk: vv for kk, vv in r.items() if kk not in ("mask_key", "attention", "mlp")},
                    "cached": k not in fresh, "time": time.time()}
             opt.register(vector_to_params(z, cfg.num_layers), float(rec["value"]))
-            append_log(log_path, rec)
+            append_jsonl(log_path, rec)
             trials.append(rec)
             seen.setdefault(k, rec)
             if bar is not None:

@@ -237,14 +237,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"({args.objective}, {best['value']:.3f}x)")
     print(f"best: {mask.describe()} -> {best['value']:.3f}x ({args.objective}); wrote {out}")
     if args.install:
-        from vllm_selfspec.masks import cached_mask_path
+        from vllm_selfspec.proposers.artifacts import artifact_path, atomic_path
 
-        dest = cached_mask_path(stamp)
+        dest = artifact_path("masks", stamp)
         if dest is None:
             print("not installed: the model's weights fingerprint is unknown")
         else:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out, dest)
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(out, tmp)
             print(f"installed as this model's default mask: {dest}")
     return {"mask": result.to_json(), "trials": len(trials)}
 

@@ -71,12 +71,12 @@ def load_stream(spec: str, tok: Any, max_prompt_tokens: int) -> list[tuple[str, 
 
 
 def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The log's records by method."""
+    from vllm_selfspec.proposers.artifacts import read_jsonl
+
     rows: dict[str, list[dict[str, Any]]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                rows.setdefault(r["method"], []).append(r)
+    for r in read_jsonl(path):
+        rows.setdefault(r["method"], []).append(r)
     return rows
 
 
@@ -89,39 +89,38 @@ def serve_stream(label: str, spec: dict[str, Any] | None, stream: list[tuple[str
     from vllm_selfspec.control import drafter_stats
     from vllm_selfspec.llm import LLM
     from vllm_selfspec.offline.spec_metrics import acceptance, engine_args
+    from vllm_selfspec.proposers.artifacts import append_jsonl
 
     kw = dict(dtype=args.dtype, max_model_len=2048, block_size=32, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=args.concurrency, enforce_eager=args.enforce_eager, seed=0)
     llm = LLM(model_path, speculative_config=spec, **engine_args({"speculative_config": spec}), **kw)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     rows, seconds = [], 0.0
-    with log.open("a") as f:
-        for g in tqdm(range(0, len(stream), args.concurrency), desc=label, unit="group"):
-            group = stream[g: g + args.concurrency]
-            t0 = time.perf_counter()
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for _, p in group], sp,
-                                use_tqdm=False)
-            dt = time.perf_counter() - t0
-            seconds += dt
-            opt = {}
-            if spec is not None and spec.get("method") == "swift":
-                st = llm.collective_rpc(drafter_stats)[0]
-                opt = {"opt_seconds_so_far": st["opt_seconds"], "phase": st["phase"]}
-            for j, ((task, p), o) in enumerate(zip(group, outs)):
-                a = acceptance([o])
-                r = {"method": label, "index": g + j, "task": task, "id": p.id,
-                     "tokens": a.tokens, "drafts": a.drafts, "draft_tokens": a.draft_tokens,
-                     "accepted": a.accepted, "group_seconds": dt, "seconds_so_far": seconds, **opt,
-                     "token_ids": list(o.outputs[0].token_ids)}
-                rows.append(r)
-                f.write(json.dumps(r) + "\n")
+    for g in tqdm(range(0, len(stream), args.concurrency), desc=label, unit="group"):
+        group = stream[g: g + args.concurrency]
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for _, p in group], sp,
+                            use_tqdm=False)
+        dt = time.perf_counter() - t0
+        seconds += dt
+        opt = {}
+        if spec is not None and spec.get("method") == "swift":
+            st = llm.collective_rpc(drafter_stats)[0]
+            opt = {"opt_seconds_so_far": st["opt_seconds"], "phase": st["phase"]}
+        for j, ((task, p), o) in enumerate(zip(group, outs)):
+            a = acceptance([o])
+            r = {"method": label, "index": g + j, "task": task, "id": p.id,
+                 "tokens": a.tokens, "drafts": a.drafts, "draft_tokens": a.draft_tokens,
+                 "accepted": a.accepted, "group_seconds": dt, "seconds_so_far": seconds, **opt,
+                 "token_ids": list(o.outputs[0].token_ids)}
+            rows.append(r)
+            append_jsonl(log, r)
     stats: dict[str, Any] = {}
     if spec is not None:
         stats = llm.collective_rpc(drafter_stats)[0]
     summary = {"method": label, "summary": True, "config": spec, "seconds": seconds,
                "stats": stats}
-    with log.open("a") as f:
-        f.write(json.dumps(summary, default=str) + "\n")
+    append_jsonl(log, summary)
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
@@ -246,8 +245,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else:
                 raise SystemExit(f"unknown method {label}")
             if prev:  # drop the partial rows of an interrupted run
+                from vllm_selfspec.proposers.artifacts import atomic_path
+
                 kept = [json.dumps(r) for m, rs in done.items() if m != label for r in rs]
-                log.write_text("".join(k + "\n" for k in kept))
+                with atomic_path(log) as tmp:
+                    tmp.write_text("".join(k + "\n" for k in kept))
             serve_stream(label, spec, stream, args, model_path, log)
             done = read_log(log)
             prev = done[label]

@@ -11,21 +11,22 @@
   bigram token, so a row of width w is ``[bigram_ids[x, j], *extended[x, j, :w-1]]``
   (§4.1 "Extensions": repeated bigram, or greedy decoding from the bigram token).
 
-The file is safetensors with a JSON ``stamp`` (proposers.artifacts.ModelStamp)
-in its metadata; loading it for another model or vocabulary is refused.
+The file is a stamped safetensors file (``artifacts.save_stamped``: format, a
+JSON ``ModelStamp`` and the build metadata in its header); loading it for another
+model or vocabulary is refused.
 Builders live in ``vllm_selfspec.offline.bigram_build`` (they need transformers).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .artifacts import ArtifactMismatchError, ModelStamp, check_stamp
+from .artifacts import (ArtifactError, ArtifactMismatchError, ModelStamp, check_stamp,
+                        open_stamped, save_stamped)
 
 FORMAT = "vllm_selfspec.bigram_table/1"
 BUILD_REMEDY = ("Build a table for this model with `python tools/build_bigram.py --model MODEL "
@@ -33,8 +34,8 @@ BUILD_REMEDY = ("Build a table for this model with `python tools/build_bigram.py
                 "and cache one at start-up.")
 
 
-class BigramTableError(ValueError):
-    """A bigram table that cannot be used (unreadable, wrong format or model)."""
+class BigramTableError(ArtifactError):
+    """A bigram table file that cannot be used (missing, wrong format or unreadable)."""
 
 
 @dataclass
@@ -76,76 +77,51 @@ class BigramTable:
 
     def save(self, path: str | Path) -> None:
         import torch
-        from safetensors.torch import save_file
 
-        meta = {"format": FORMAT, "stamp": json.dumps(self.stamp.to_json() if self.stamp else {}),
-                "meta": json.dumps(self.meta, default=str)}
         tensors = {
             "bigram_ids": torch.from_numpy(np.ascontiguousarray(self.bigram_ids, np.int32)),
             "bigram_probs": torch.from_numpy(np.ascontiguousarray(self.bigram_probs, np.float16)),
             "unigram_ids": torch.from_numpy(np.ascontiguousarray(self.unigram_ids, np.int32)),
             "extended": torch.from_numpy(np.ascontiguousarray(self.extended, np.int32)),
         }
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(p)
+        save_stamped(path, tensors, FORMAT, self.stamp, self.meta)
 
     @staticmethod
-    def _open(path: str | Path, arrays: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(metadata, tensors) of a table file; with ``arrays`` False only their shapes."""
-        from safetensors import safe_open
-
-        p = Path(path)
-        if not p.is_file():
-            raise BigramTableError(f"bigram table {p} does not exist. {BUILD_REMEDY}")
+    def _open(path: str | Path, arrays: bool, expect: ModelStamp | None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(header, tensors) of a table file; with ``arrays`` False only their shapes;
+        with ``expect``, a table stamped for another model is refused."""
         try:
-            with safe_open(str(p), framework="pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != FORMAT:
-                    raise BigramTableError(f"{p} is not a bigram table of this plugin (format "
-                                           f"{meta.get('format')!r}, expected {FORMAT!r}). "
-                                           f"{BUILD_REMEDY}")
-                t = {k: f.get_tensor(k) if arrays else f.get_slice(k).get_shape()
-                     for k in f.keys()}
-        except BigramTableError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same advice
-            raise BigramTableError(f"cannot read bigram table {p} ({e}). {BUILD_REMEDY}") from None
-        return meta, t
-
-    @staticmethod
-    def _stamp(meta: dict[str, Any]) -> ModelStamp | None:
-        stamp_json = json.loads(meta.get("stamp") or "{}")
-        return ModelStamp.from_json(stamp_json) if stamp_json else None
+            return open_stamped(path, FORMAT, "bigram table", BUILD_REMEDY, arrays, expect)
+        except ArtifactError as e:
+            raise BigramTableError(str(e)) from None
 
     @classmethod
     def load(cls, path: str | Path, expect: ModelStamp | None = None) -> "BigramTable":
         """Read a table; with ``expect``, refuse one made for another model."""
-        meta, t = cls._open(path, arrays=True)
+        header, t = cls._open(path, True, expect)
         table = cls(t["bigram_ids"].numpy(), t["bigram_probs"].float().numpy(),
-                    t["unigram_ids"].numpy(), t["extended"].numpy(), cls._stamp(meta),
-                    json.loads(meta.get("meta") or "{}"), str(path))
+                    t["unigram_ids"].numpy(), t["extended"].numpy(), header["stamp"],
+                    header["meta"], str(path))
         if expect is not None:
-            table.check(expect)
+            _check_vocab(table.source, table.vocab_size, expect)
         return table
 
     @classmethod
     def check_file(cls, path: str | Path, model: ModelStamp) -> dict[str, Any]:
         """Start-up check of a table file against the model, reading its header only;
         returns the build metadata."""
-        meta, shapes = cls._open(path, arrays=False)
-        _check(str(path), cls._stamp(meta), int(shapes["bigram_ids"][0]), model)
-        return json.loads(meta.get("meta") or "{}")
+        header, shapes = cls._open(path, False, model)
+        _check_vocab(str(path), int(shapes["bigram_ids"][0]), model)
+        return header["meta"]
 
     def check(self, model: ModelStamp) -> None:
         """Refuse a table made for another model (ArtifactMismatchError) or vocabulary."""
-        _check(self.source, self.stamp, self.vocab_size, model)
+        check_stamp("bigram table", self.source, self.stamp, model, BUILD_REMEDY)
+        _check_vocab(self.source, self.vocab_size, model)
 
 
-def _check(source: str, stamp: ModelStamp | None, vocab: int, model: ModelStamp) -> None:
-    check_stamp("bigram table", source, stamp, model, BUILD_REMEDY)
+def _check_vocab(source: str, vocab: int, model: ModelStamp) -> None:
     if vocab != model.vocab_size:
         raise ArtifactMismatchError(
             f"bigram table {source} covers a vocabulary of {vocab} tokens; this model has "

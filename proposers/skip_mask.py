@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .artifacts import ModelStamp, check_stamp
+from .artifacts import ModelStamp, atomic_path, check_stamp
 
 SEARCH_REMEDY = (
     "Use a mask made for this model, or leave skip_mask out to use the uniform mask."
@@ -170,4 +170,5 @@ def parse_mask(spec: str | Mapping[str, Any], num_layers: int, model: ModelStamp
 
 
 def save_mask(mask: SkipMask, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(mask.to_json(), indent=2) + "\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(mask.to_json(), indent=2) + "\n")

@@ -7,16 +7,7 @@ not an alias (a local folder, a hub name) passes through as is.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
-
-
-def cache_dir() -> Path:
-    """Where converted models and other derived files live (``$VLLM_SELFSPEC_CACHE``)."""
-    root = os.environ.get("VLLM_SELFSPEC_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "vllm_selfspec"
 
 
 def _key(name: str) -> str | None:

@@ -2,31 +2,21 @@
 
 Order (issue "The plugin, end to end", item 3): a mask given with ``skip_mask``
 (file or inline, validated against the model); else a searched mask cached for
-this model's weights (``cached_mask_path``); else the uniform starting mask (``proposers.skip_mask.uniform_mask``). The choice is
-logged once.
+this model's weights (``artifact_path("masks", stamp)``); else the uniform starting
+mask (``proposers.skip_mask.uniform_mask``). The choice is logged once.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from vllm_selfspec.assets import cache_dir
 from vllm_selfspec.log import logger
 from vllm_selfspec.model_info import ModelInfo
-from vllm_selfspec.proposers.artifacts import ModelStamp
+from vllm_selfspec.proposers.artifacts import artifact_path, atomic_path
 from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, parse_mask, uniform_mask
-
-
-
-def cached_mask_path(stamp: ModelStamp) -> Path | None:
-    """Where a searched mask for these exact weights is cached (needs a fingerprint)."""
-    if not stamp.fingerprint:
-        return None
-    return cache_dir() / "masks" / f"{stamp.architecture}-{stamp.num_layers}L-{stamp.fingerprint}.json"
 
 
 def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
@@ -36,7 +26,7 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
                           model_name=info.path)
         logger.info("vllm_selfspec: using skip mask %s", mask.describe())
         return mask
-    cached = cached_mask_path(info.stamp)
+    cached = artifact_path("masks", info.stamp)
     if cached is not None and cached.exists():
         mask = parse_mask(str(cached), info.num_layers, info.stamp)
         logger.info("vllm_selfspec: no skip_mask given; using the searched mask cached for this "
@@ -76,18 +66,12 @@ def mask_from_opts(obj: dict[str, Any]) -> SkipMask:
                     metadata=obj.get("metadata") or {}, source=obj.get("source", "inline"))
 
 
-def swift_mask_path(stamp: ModelStamp) -> Path | None:
-    """Where SWIFT saves the layer set it found for these weights (``cache_hit``)."""
-    if not stamp.fingerprint:
-        return None
-    return cache_dir() / "swift" / f"{stamp.architecture}-{stamp.num_layers}L-{stamp.fingerprint}.json"
-
-
 def resolve_swift_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
     """SWIFT's starting layer set: the saved one (``cache_hit``), the user's
     ``skip_mask`` (e.g. from tools/search_mask.py), else the uniform set (§4.1.1).
-    Also fixes ``opts["mask_cache"]``, where the worker saves what it finds."""
-    path = opts.get("mask_cache") or swift_mask_path(info.stamp)
+    Also fixes ``opts["mask_cache"]``, where the worker saves what it finds (default:
+    ``artifact_path("swift", stamp)``, the place ``cache_hit`` reads)."""
+    path = opts.get("mask_cache") or artifact_path("swift", info.stamp)
     opts["mask_cache"] = str(Path(path).expanduser()) if path else None
     if opts.get("cache_hit"):
         if path is None or not Path(path).expanduser().is_file():
@@ -118,8 +102,5 @@ def save_swift_mask(path: str, mask: SkipMask, stamp: dict[str, Any], info: dict
     out = {"attention": sorted(mask.attention), "mlp": sorted(mask.mlp),
            "metadata": {"model": stamp, "method": "swift", "saved": time.time(),
                         **{k: v for k, v in info.items() if v is not None}}}
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp, target)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(out, indent=2) + "\n")

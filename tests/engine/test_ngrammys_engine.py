@@ -72,8 +72,8 @@ def test_greedy_identical(engine, eval_prompts, plain):
 
 
 def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, plain):
-    from vllm_selfspec.offline.bigram_build import cached_table_path
     from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.artifacts import artifact_path
     from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
     from vllm_selfspec.proposers.ngram_tables import BigramTable
     from vllm_selfspec.proposers.ngrammys import NGrammysProposer
@@ -85,7 +85,7 @@ def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, p
 
     # the first draft of a request depends only on prompt + first token
     stamp = stamp_from_path(model_path)
-    table = BigramTable.load(cached_table_path(stamp), expect=stamp)
+    table = BigramTable.load(artifact_path("bigram", stamp), expect=stamp)
     prop = NGrammysProposer(8, {"table": table, "keep_rows": False})
 
     def hit_rate(samples):

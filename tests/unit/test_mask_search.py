@@ -3,6 +3,7 @@
 import pytest
 
 from vllm_selfspec.offline import search as ms
+from vllm_selfspec.proposers.artifacts import read_jsonl
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 L = 6
@@ -61,7 +62,7 @@ def test_resume_tolerates_a_torn_last_line(tmp_path):
     ms.search(ms.SearchConfig(num_layers=L, iterations=3), synthetic, log)
     with open(log, "a") as f:
         f.write('{"iteration": 3, "z": [0.1')
-    assert len(ms.read_log(log)) == 3
+    assert len(read_jsonl(log)) == 3
 
 
 def test_batches_use_constant_liar(tmp_path):
