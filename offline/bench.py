@@ -91,7 +91,7 @@ def parse_methods(spec: str, configs: list[str]) -> list[Entry]:
         try:
             by_label[label].config.update(json.loads(js))
         except json.JSONDecodeError as e:
-            raise SystemExit(f"--method-config {label}: invalid JSON ({e})")
+            raise SystemExit(f"--method-config {label}: invalid JSON ({e})") from None
     for e in entries:
         if e.method == "ngram":
             e.config = {**NGRAM_DEFAULTS, **e.config}
@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import vllm_selfspec
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.offline.datasets import load_prompts
     from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline.datasets import load_prompts
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
     entries = parse_methods(args.methods, args.method_config)

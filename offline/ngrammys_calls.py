@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = list(zip(prompts, conts))
         report["figure2"][ds] = figure2(data, table, ks, vpt)
         report["realizations"][ds] = realizations(
-            data, table, grid, vpt, lambda it: tqdm(it, desc=f"{ds} realizations"))
+            data, table, grid, vpt, lambda it, ds=ds: tqdm(it, desc=f"{ds} realizations"))
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"-{args.split}"
     (out / f"ngrammys-calls{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")

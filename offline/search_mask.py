@@ -172,8 +172,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import vllm_selfspec
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.offline.search import (TOOL_VERSION, SearchConfig, best_trial,
-                                              default_probes, search)
+    from vllm_selfspec.offline.search import (
+        TOOL_VERSION,
+        SearchConfig,
+        best_trial,
+        default_probes,
+        search,
+    )
     from vllm_selfspec.proposers.skip_mask import SkipMask, parse_mask, save_mask
 
     out = Path(args.out)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 
-
 def engine_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Extra engine arguments that turn the per-request metrics on (vLLM refuses
     the flag on engines without speculative decoding)."""
@@ -52,7 +51,7 @@ class Acceptance:
         steps = max(decoded - self.accepted, self.drafts)
         return decoded / steps if steps > 0 else 1.0
 
-    def add(self, other: "Acceptance") -> None:
+    def add(self, other: Acceptance) -> None:
         self.tokens += other.tokens
         self.requests += other.requests
         self.drafts += other.drafts

@@ -155,7 +155,7 @@ def plot(path: Path, results: dict[str, dict[str, Any]], stream: list[tuple[str,
         ax.axvspan(start - 0.5, start + n - 0.5, color=colors[k % 4], zorder=0)
         ax.text(start + n / 2, 1.02, task, ha="center", va="bottom", transform=ax.get_xaxis_transform())
         start += n
-    for label, res in results.items():
+    for res in results.values():
         rows = res["rows"]
         xs, ys = [], []
         for i in range(len(rows)):

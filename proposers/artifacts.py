@@ -75,7 +75,7 @@ class ModelStamp:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "ModelStamp":
+    def from_json(cls, obj: Mapping[str, Any]) -> ModelStamp:
         return cls(
             architecture=str(obj.get("architecture", "")),
             num_layers=int(obj.get("num_layers", -1)),
@@ -93,7 +93,7 @@ class ModelStamp:
             f"vocab {self.vocab_size}{fp}"
         )
 
-    def mismatch(self, other: "ModelStamp") -> str | None:
+    def mismatch(self, other: ModelStamp) -> str | None:
         """Why an artifact stamped ``other`` does not fit this model, or None."""
         fields = [
             ("architecture", self.architecture, other.architecture),

@@ -40,13 +40,13 @@ class CostModel:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: dict[str, float]) -> "CostModel":
+    def from_json(cls, obj: dict[str, float]) -> CostModel:
         return cls(**{k: float(obj[k]) for k in ("draft_fixed", "draft_attention", "draft_mlp",
                                                  "verify_per_token")})
 
     @classmethod
     def uniform(cls, num_layers: int, fixed: float = 0.16, verify_per_token: float = 0.15
-                ) -> "CostModel":
+                ) -> CostModel:
         """Equal cost per sub-layer; the defaults are SmolLM2 on 2 CPU cores
         (tools/draft_cost.py: draft token ≈ 0.79·f + 0.16 decode steps)."""
         per = (1.0 - fixed) / (2 * num_layers)

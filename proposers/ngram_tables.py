@@ -25,8 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from .artifacts import (ArtifactError, ArtifactMismatchError, ModelStamp, check_stamp,
-                        open_stamped, save_stamped)
+from .artifacts import (
+    ArtifactError,
+    ArtifactMismatchError,
+    ModelStamp,
+    check_stamp,
+    open_stamped,
+    save_stamped,
+)
 
 FORMAT = "vllm_selfspec.bigram_table/1"
 BUILD_REMEDY = ("Build a table for this model with `python tools/build_bigram.py --model MODEL "
@@ -97,7 +103,7 @@ class BigramTable:
             raise BigramTableError(str(e)) from None
 
     @classmethod
-    def load(cls, path: str | Path, expect: ModelStamp | None = None) -> "BigramTable":
+    def load(cls, path: str | Path, expect: ModelStamp | None = None) -> BigramTable:
         """Read a table; with ``expect``, refuse one made for another model."""
         header, t = cls._open(path, True, expect)
         table = cls(t["bigram_ids"].numpy(), t["bigram_probs"].float().numpy(),

@@ -31,6 +31,7 @@ import numpy as np
 from .base import DraftBatch, Proposal, Proposer
 from .ngram_tables import BigramTable
 from .ngrammys_defaults import DEFAULTS, SELECTIONS
+
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
 MAX_OCCURRENCES = 512

@@ -61,7 +61,7 @@ class SkipMask:
 
     @classmethod
     def from_vector(cls, z: list[int] | list[float], num_layers: int, threshold: float = 0.5,
-                    **kw: Any) -> "SkipMask":
+                    **kw: Any) -> SkipMask:
         """Inverse of to_vector; continuous values are thresholded (D&V §3.3)."""
         if len(z) != 2 * num_layers:
             raise SkipMaskError(f"skip vector has {len(z)} entries, expected 2L = {2 * num_layers}")

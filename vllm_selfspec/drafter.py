@@ -87,7 +87,11 @@ class PluginDrafter:
         self.target_model = target_model
         if self.proposer.uses_target:
             from vllm_selfspec.adapters import make_adapter
-            from vllm_selfspec.proposers.artifacts import ModelStamp, check_stamp, weights_fingerprint
+            from vllm_selfspec.proposers.artifacts import (
+                ModelStamp,
+                check_stamp,
+                weights_fingerprint,
+            )
             from vllm_selfspec.proposers.skip_mask import SEARCH_REMEDY
 
             stamp = ModelStamp.from_json(self.opts["model_stamp"])

@@ -19,7 +19,6 @@ from vllm_selfspec.log import logger
 from vllm_selfspec.proposers.artifacts import ModelStamp, fingerprint_names, weights_fingerprint
 
 
-
 @dataclass
 class ModelInfo:
     stamp: ModelStamp
@@ -70,12 +69,12 @@ def stamp_from_config(hf_config: Any, path: str) -> ModelStamp:
     """The stamp of a model from its HF config, fingerprint read from ``path``'s files."""
     hf = _text_config(hf_config)
     archs = list(getattr(hf_config, "architectures", None) or [])
-    num_layers = int(getattr(hf, "num_hidden_layers"))
+    num_layers = int(hf.num_hidden_layers)
     return ModelStamp(
         architecture=archs[0] if archs else "",
         num_layers=num_layers,
-        hidden_size=int(getattr(hf, "hidden_size")),
-        vocab_size=int(getattr(hf, "vocab_size")),
+        hidden_size=int(hf.hidden_size),
+        vocab_size=int(hf.vocab_size),
         fingerprint=read_fingerprint(path, num_layers),
         name=os.path.basename(path.rstrip("/")),
     )

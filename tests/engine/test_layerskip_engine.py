@@ -10,8 +10,14 @@
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import (MAX_TOKENS, SAMPLING_CASES, make_llm, sampled_acceptance,
-                                  shutdown, token_ids)
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    SAMPLING_CASES,
+    make_llm,
+    sampled_acceptance,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine

@@ -14,8 +14,14 @@ import json
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import (MAX_TOKENS, SAMPLING_CASES, make_llm, sampled_acceptance,
-                                  shutdown, token_ids)
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    SAMPLING_CASES,
+    make_llm,
+    sampled_acceptance,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 

@@ -5,9 +5,17 @@ import json
 import pytest
 import torch
 
-from vllm_selfspec.proposers.artifacts import (ArtifactError, ArtifactMismatchError, ModelStamp,
-                                               append_jsonl, artifact_path, atomic_path,
-                                               open_stamped, read_jsonl, save_stamped)
+from vllm_selfspec.proposers.artifacts import (
+    ArtifactError,
+    ArtifactMismatchError,
+    ModelStamp,
+    append_jsonl,
+    artifact_path,
+    atomic_path,
+    open_stamped,
+    read_jsonl,
+    save_stamped,
+)
 
 STAMP = ModelStamp("LlamaForCausalLM", 30, 576, 49152, "0123456789abcdef")
 

@@ -8,7 +8,6 @@ rejection sampler given our q keeps the target distribution (statistical test).
 
 import pytest
 import torch
-
 from vllm.platforms import current_platform
 
 pytestmark = pytest.mark.skipif(not current_platform.is_cpu(),

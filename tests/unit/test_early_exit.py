@@ -3,8 +3,11 @@
 
 import pytest
 
-from vllm_selfspec.proposers.early_exit import (EarlyExitProposer, default_exit_layer,
-                                                early_exit_mask)
+from vllm_selfspec.proposers.early_exit import (
+    EarlyExitProposer,
+    default_exit_layer,
+    early_exit_mask,
+)
 from vllm_selfspec.proposers.skip_mask import SkipMaskError
 
 

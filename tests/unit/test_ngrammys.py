@@ -113,8 +113,8 @@ def test_table_roundtrip_and_refusals(tmp_path):
 def test_build_bigram_tool_on_tiny_model(tiny_model_path, tmp_path):
     import torch
 
-    from vllm_selfspec.offline.bigram_build import load_model
     from vllm_selfspec.model_info import stamp_from_model as model_stamp
+    from vllm_selfspec.offline.bigram_build import load_model
 
     out = tmp_path / "tiny.safetensors"
     cmd = [sys.executable, str(ROOT / "tools" / "build_bigram.py"), "--model", tiny_model_path,

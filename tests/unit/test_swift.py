@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_selfspec.masks import resolve_swift_mask, save_swift_mask
 from vllm_selfspec.methods import SelfSpecConfigError, split_config
 from vllm_selfspec.model_info import ModelInfo
-from vllm_selfspec.masks import resolve_swift_mask, save_swift_mask
 from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.layer_set_search import LayerSetSearch, LayerSetSearchConfig
