@@ -48,11 +48,23 @@ class ContextWindow:
 
 
 @dataclass
+class TargetStates:
+    """The target's final-norm last-layer hidden states of one request's tokens that
+    were verified this step (prefill chunks; for drafts, the accepted positions only)."""
+
+    row: int
+    req_id: str
+    start: int  # position of hidden[0]
+    hidden: torch.Tensor  # [n, H]
+
+
+@dataclass
 class DraftBatch:
     req_ids: list[str]  # every row of the runner's batch, in row order
     requests: list[DraftRequest]  # the rows that may draft
     token_ids: np.ndarray | None = None  # [rows, max_len] token ids (prompt + output)
     num_tokens: np.ndarray | None = None  # [rows] valid length of token_ids per row
+    states: list[TargetStates] | None = None  # for proposers with uses_hidden_states
 
 
 @dataclass
@@ -99,6 +111,8 @@ class Proposer(ABC):
     writes_target_kv: ClassVar[bool] = False
     # The drafter runs the target's own layers (needs the runner bridge).
     uses_target: ClassVar[bool] = False
+    # The drafter reads the target's last-layer hidden states (DraftBatch.states).
+    uses_hidden_states: ClassVar[bool] = False
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens
@@ -117,6 +131,10 @@ class Proposer(ABC):
             self.stats["drafts"] += 1
             self.stats["drafted"] += r.drafted
             self.stats["accepted"] += r.accepted
+
+    def track(self, batch: DraftBatch) -> None:
+        """A step that drafts nothing (cost gate, drafting off): keep per-request state
+        current (Chimera takes in the target's states)."""
 
     def finish(self, req_ids: set[str]) -> None:
         """Drop state of finished requests."""

@@ -1,0 +1,308 @@
+"""Chimera's drafting inside a serving engine (paper §4.4, as a chain).
+
+Per request the drafter keeps the full-context encoder's keys and values of every
+mature state (the target's final-norm last-layer state h_p of a verified token)
+and every green state (trigram state g_p) it has seen: ``ContextStore``. A single
+block means an entry depends only on its own input and position, so the store is
+exact; it grows as tokens are verified and is freed when the request leaves the
+batch (finished or preempted).
+
+Each step the glue hands over the mature states the target just computed
+(``TargetStates``: prefill chunks, and for verified drafts only the accepted
+positions). A request whose states restart below what the store holds (it was
+preempted and is recomputed) starts a fresh store. Positions whose states were
+never computed (a prefix-cache hit skips the prompt's cached part) are left out:
+the encoder attends to the green states of those tokens (rebuilt from the token
+ids) and to the mature states it has; drafts get worse, output stays exact.
+
+Drafting for a request whose newest token x_n sits at position n: head i's query
+is g_{n+i} (from x_n and the tokens drafted by heads < i), attending to the store
+plus the green entries of the drafts before it (written past the store's end as
+scratch, never kept); head i predicts x_{n+i+1} from [h_{n-1}; z_{n+i}]. Drafting
+stops after ``num_speculative_tokens`` heads, or once the draft's top-1
+probability falls under ``stop_threshold`` (as SWIFT §4.2; the paper verifies a
+tree instead, which vLLM v1 cannot). With sampling, drafts are drawn from q over
+the draft vocabulary and q, scattered into the full vocabulary, goes to vLLM's
+rejection sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .base import DraftBatch, Proposal, Proposer, TargetStates
+from .chimera import ChimeraDraftModel, trigram_ids
+from .sampling import draft_distribution
+
+
+class HiddenStateTarget(Protocol):
+    """What Chimera needs of the target (vllm_selfspec.target.HiddenStateView)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    embed_weight: torch.Tensor  # [V(+pad), H]
+    lm_head_weight: torch.Tensor  # [V(+pad), H]
+
+
+@dataclass
+class ChimeraOptions:
+    """Method ``chimera``'s options (vllm_selfspec.methods validates the user's keys)."""
+
+    stop_threshold: float = 0.0
+    seed: int = 0
+    draft_sample_method: str = "probabilistic"
+
+
+class ContextStore:
+    """The encoder's keys/values of one request: entries in arrival order (attention
+    does not care about order; positions are inside the rotated keys)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 capacity: int = 256) -> None:
+        self.k = torch.empty(capacity, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.count = 0
+        self.next_mature = 0  # position after the newest mature state
+        self.next_green = 0  # green entries cover positions [0, next_green)
+        self.last_hidden: torch.Tensor | None = None  # h at next_mature - 1
+
+    def reserve(self, extra: int) -> None:
+        need = self.count + extra
+        if need <= self.k.shape[0]:
+            return
+        cap = max(need, 2 * self.k.shape[0])
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty(cap, *old.shape[1:])
+            new[: self.count] = old[: self.count]
+            setattr(self, name, new)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = int(k.shape[0])
+        self.reserve(n)
+        self.k[self.count: self.count + n] = k
+        self.v[self.count: self.count + n] = v
+        self.count += n
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+class ChimeraProposer(Proposer):
+    """Method ``chimera``: the trained draft model over the target's hidden states."""
+
+    uses_target = True
+    uses_hidden_states = True
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        super().__init__(num_speculative_tokens, options)
+        fields = ChimeraOptions.__dataclass_fields__
+        self.cfg = ChimeraOptions(**{k: options[k] for k in fields if k in options})
+        self.model: ChimeraDraftModel | None = options.get("model")
+        self.stores: dict[str, ContextStore] = {}
+        self.target: HiddenStateTarget | None = None
+        self.generator: torch.Generator | None = None
+        self.stats.update({"store_resets": 0, "missing_states": 0})
+
+    def bind(self, target: HiddenStateTarget) -> None:
+        assert self.model is not None, "ChimeraProposer needs options['model']"
+        self.target = target
+        self.model = self.model.to(device=target.device, dtype=target.dtype).eval()
+        self.model.bind_target(target.embed_weight, target.lm_head_weight)
+        self.generator = torch.Generator(device=target.device)
+        self.generator.manual_seed(int(self.cfg.seed))
+
+    @property
+    def heads(self) -> int:
+        assert self.model is not None
+        return min(self.k, self.model.cfg.num_heads)
+
+    def describe(self) -> str:
+        c = self.model.cfg if self.model is not None else None
+        if c is None:
+            return "chimera (no model)"
+        return (f"chimera: {c.num_heads} heads ({c.head_kind}), draft vocabulary "
+                f"{self.model.draft_ids.numel()}, up to {self.heads} draft tokens, stop below "
+                f"{self.cfg.stop_threshold:.2f}")
+
+    # ---- the context store ------------------------------------------------------------------
+    def _store(self, req_id: str) -> ContextStore:
+        s = self.stores.get(req_id)
+        if s is None:
+            assert self.model is not None and self.target is not None
+            c = self.model.cfg
+            s = ContextStore(c.num_key_value_heads, c.head_dim, self.target.dtype,
+                             self.target.device)
+            self.stores[req_id] = s
+        return s
+
+    @torch.inference_mode()
+    def ingest(self, states: list[TargetStates]) -> None:
+        """Take in this step's mature states (one batched key/value projection)."""
+        assert self.model is not None
+        todo = []
+        for st in states:
+            n = int(st.hidden.shape[0])
+            if n == 0:
+                continue
+            s = self._store(st.req_id)
+            if st.start < s.next_mature:  # recomputed after preemption
+                self.stores.pop(st.req_id)
+                self.stats["store_resets"] += 1
+                s = self._store(st.req_id)
+            if st.start > s.next_mature:
+                self.stats["missing_states"] += st.start - s.next_mature  # prefix-cache hit
+            todo.append((s, st.start, st.hidden))
+        if not todo:
+            return
+        dev = todo[0][2].device
+        hidden = torch.cat([h for _, _, h in todo]).to(self.model.norm.weight.dtype)
+        pos = torch.cat([torch.arange(p, p + h.shape[0], device=dev) for _, p, h in todo])
+        k, v = self.model.block.kv(hidden, pos)
+        at = 0
+        for s, p, h in todo:
+            n = int(h.shape[0])
+            s.append(k[at: at + n], v[at: at + n])
+            s.next_mature = p + n
+            s.last_hidden = hidden[at + n - 1].clone()
+            at += n
+
+    @torch.inference_mode()
+    def extend_green(self, rows: list[tuple[str, torch.Tensor]]) -> None:
+        """Green entries up to each request's newest known token: ``rows`` are
+        (req_id, all known token ids [n] as a LongTensor)."""
+        assert self.model is not None
+        todo = []
+        for req_id, toks in rows:
+            s = self._store(req_id)
+            n = int(toks.numel())
+            if n > s.next_green:
+                lo = max(0, s.next_green - 2)  # the trigram of position p needs p-2, p-1
+                tri = trigram_ids(toks[lo:n])[s.next_green - lo:]
+                todo.append((s, s.next_green, n, tri))
+        if not todo:
+            return
+        dev = self.target.device if self.target is not None else torch.device("cpu")
+        tri = torch.cat([t for *_, t in todo]).to(dev)
+        pos = torch.cat([torch.arange(a, b, device=dev) for _, a, b, _ in todo])
+        g = self.model.green(tri)
+        k, v = self.model.block.kv(g, pos)
+        at = 0
+        for s, a, b, _ in todo:
+            s.append(k[at: at + b - a], v[at: at + b - a])
+            s.next_green = b
+            at += b - a
+
+    def finish(self, req_ids: set[str]) -> None:
+        for r in req_ids:
+            self.stores.pop(r, None)
+
+    @property
+    def store_bytes(self) -> int:
+        return sum(s.nbytes for s in self.stores.values())
+
+    # ---- drafting -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def track(self, batch: DraftBatch) -> None:
+        """Take in this step's mature states and the green states of the newest tokens."""
+        self.ingest(batch.states or [])
+        if batch.token_ids is None or batch.num_tokens is None:
+            return
+        rows = {st.req_id: st.row for st in batch.states or []}
+        rows.update({r.req_id: r.row for r in batch.requests})
+        self.extend_green([(rid, torch.from_numpy(
+            batch.token_ids[row, : int(batch.num_tokens[row])]).long())
+            for rid, row in rows.items()])
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        assert self.model is not None and self.target is not None, "bind() was not called"
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        self.track(batch)
+        if batch.token_ids is None:
+            return Proposal(drafts)
+        reqs = []
+        for r in batch.requests:
+            s = self.stores.get(r.req_id)
+            if r.max_len > 0 and s is not None and s.last_hidden is not None \
+                    and s.next_mature == r.position and s.next_green == r.position + 1:
+                reqs.append(r)
+        if not reqs:
+            return Proposal(drafts)
+        self.stats["steps"] += 1
+        return self._draft(batch, reqs, drafts)
+
+    def _draft(self, batch: DraftBatch, reqs: list[Any], drafts: list[list[int]]) -> Proposal:
+        m, dev = self.model, self.target.device
+        assert m is not None and batch.token_ids is not None
+        b = len(reqs)
+        stores = [self.stores[r.req_id] for r in reqs]
+        h_last = torch.stack([s.last_hidden for s in stores])  # type: ignore[misc]
+        max_len = torch.tensor([min(r.max_len, self.heads) for r in reqs])
+        temperature = torch.tensor([r.temperature for r in reqs], device=dev)
+        sample = (temperature > 0) & (self.cfg.draft_sample_method == "probabilistic")
+        any_sampled = bool(sample.any())
+        probs = (torch.zeros(len(batch.req_ids), self.k, self.target.vocab_size, device=dev)
+                 if any_sampled else None)
+        # the last three known tokens per request, then the drafts
+        hist = torch.tensor([[int(batch.token_ids[r.row, max(0, r.position - j)]) for j in (2, 1, 0)]
+                             for r in reqs], device=dev)
+        positions = torch.tensor([r.position for r in reqs], device=dev)
+        active = torch.ones(b, dtype=torch.bool)
+        for s in stores:
+            s.reserve(self.heads)
+        for i in range(self.heads):
+            idx = active.nonzero().squeeze(1)
+            if idx.numel() == 0:
+                break
+            idx_d = idx.to(dev)
+            p = positions[idx_d] + i
+            g = m.green(hist[idx_d])  # [n, H]
+            q = m.block.query(g, p)  # [n, heads, d]
+            if i > 0:
+                k, v = m.block.kv(g, p)
+                for j, r in enumerate(idx.tolist()):
+                    s = stores[r]
+                    s.k[s.count + i - 1] = k[j]
+                    s.v[s.count + i - 1] = v[j]
+            attn = []
+            for j, r in enumerate(idx.tolist()):
+                s = stores[r]
+                n = s.count + i
+                a = F.scaled_dot_product_attention(
+                    q[j].unsqueeze(1), s.k[:n].transpose(0, 1), s.v[:n].transpose(0, 1),
+                    enable_gqa=True)  # [heads, 1, d]
+                attn.append(a.reshape(-1))
+            z = m.norm(m.block.finish(g, torch.stack(attn)))
+            logits = m.head_logits(i, h_last[idx_d], z).float()
+            conf, tok = torch.softmax(logits, dim=-1).max(dim=-1)
+            sampled_rows = sample[idx_d]
+            if bool(sampled_rows.any()):
+                sel = sampled_rows.nonzero().squeeze(1)
+                rq = [reqs[int(idx[s_])] for s_ in sel.tolist()]
+                q_d = draft_distribution(
+                    logits[sel], temperature[idx_d][sel],
+                    torch.tensor([x.top_k for x in rq], device=dev),
+                    torch.tensor([x.top_p for x in rq], device=dev))
+                drawn = torch.multinomial(q_d, 1, generator=self.generator).squeeze(1)
+                tok = tok.clone()
+                tok[sel] = drawn
+                conf = conf.clone()
+                conf[sel] = q_d.max(dim=-1).values
+                assert probs is not None
+                q_full = m.vocab.scatter(q_d)
+                for s_, qrow in zip(sel.tolist(), q_full):
+                    probs[reqs[int(idx[s_])].row, i] = qrow
+            ids = m.vocab.to_target(tok)
+            for j, r in enumerate(idx.tolist()):
+                drafts[reqs[r].row].append(int(ids[j]))
+            hist[idx_d] = torch.cat([hist[idx_d, 1:], ids.unsqueeze(1)], dim=1)
+            keep = (conf.cpu() >= self.cfg.stop_threshold) & (max_len[idx] > i + 1)
+            active[idx[~keep]] = False
+        return Proposal(drafts, probs)

@@ -1,0 +1,186 @@
+"""Chimera's draft model and its drafting over a per-request context store (no engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_selfspec.proposers.artifacts import ArtifactError, ArtifactMismatchError, ModelStamp
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, TargetStates
+from vllm_selfspec.proposers.chimera import (
+    ChimeraConfig,
+    ChimeraDraftModel,
+    check_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    trigram_ids,
+)
+from vllm_selfspec.proposers.chimera_drafting import ChimeraProposer
+from vllm_selfspec.proposers.draft_vocab import DraftVocab
+
+V, H = 97, 32
+STAMP = ModelStamp("LlamaForCausalLM", 4, H, V, "abc")
+
+
+def tiny(heads: int = 3, draft_vocab: int = 60, seed: int = 0) -> ChimeraDraftModel:
+    torch.manual_seed(seed)
+    cfg = ChimeraConfig(hidden_size=H, intermediate_size=64, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,
+                        vocab_size=V, num_heads=heads, draft_vocab_size=draft_vocab)
+    counts = np.random.default_rng(seed).integers(0, 50, V)
+    m = ChimeraDraftModel(cfg, DraftVocab.from_counts(counts, draft_vocab))
+    with torch.no_grad():  # break the identity-like init so heads differ
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return m
+
+
+class FakeTarget:
+    def __init__(self) -> None:
+        torch.manual_seed(1)
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.vocab_size = V
+        self.embed_weight = torch.randn(V + 3, H)  # padded rows, like vLLM's
+        self.lm_head_weight = torch.randn(V + 3, H)
+
+
+def proposer(model: ChimeraDraftModel, k: int = 3, **opts) -> ChimeraProposer:
+    p = ChimeraProposer(k, {"model": model, **opts})
+    p.bind(FakeTarget())
+    return p
+
+
+def batch_for(tokens: list[int], hidden: torch.Tensor, start: int, n_states: int,
+              max_len: int = 8, temperature: float = 0.0) -> DraftBatch:
+    """One request whose newest token is tokens[-1]; states for [start, start+n_states)."""
+    ids = np.zeros((1, 64), dtype=np.int32)
+    ids[0, : len(tokens)] = tokens
+    req = DraftRequest(row=0, req_id="r", position=len(tokens) - 1, token=tokens[-1],
+                       max_len=max_len, temperature=temperature)
+    st = [TargetStates(0, "r", start, hidden[start: start + n_states])] if n_states else []
+    return DraftBatch(["r"], [req], ids, np.array([len(tokens)]), st)
+
+
+def test_trigram_ids_collapse_at_the_start():
+    assert trigram_ids(torch.tensor([5, 6, 7, 8])).tolist() == \
+        [[5, 5, 5], [5, 5, 6], [5, 6, 7], [6, 7, 8]]
+
+
+def test_drafting_matches_the_teacher_forced_masks():
+    """The store-based drafting pass computes what training computes: head i at
+    position n+i sees h_{<=n-1} and g_{<=n+i} (drafts included)."""
+    m = tiny()
+    p = proposer(m)
+    toks = torch.randint(0, V, (12,)).tolist()
+    hidden = torch.randn(20, H)
+    # the target has run over tokens 0..10; token 11 is the newest (just sampled)
+    out = p.propose(batch_for(toks, hidden, 0, 11))
+    drafts = out.drafts[0]
+    assert len(drafts) == 3
+    full = torch.tensor(toks + drafts).unsqueeze(0)
+    n = len(toks) - 1
+    with torch.no_grad():
+        heads = m.teacher_forced(full, torch.cat([hidden[:11], torch.zeros(4, H)]).unsqueeze(0))
+    for i, (where, _z, logits) in enumerate(heads):
+        rows = where[0].nonzero().squeeze(1).tolist()
+        at = rows.index(n + i)
+        assert int(m.vocab.to_target(logits[at].argmax())) == drafts[i], i
+
+
+def test_store_follows_verification_preemption_and_prefix_cache_hits():
+    m = tiny()
+    p = proposer(m)
+    toks = torch.randint(0, V, (12,)).tolist()
+    hidden = torch.randn(20, H)
+    p.propose(batch_for(toks[:8], hidden, 0, 7))  # prefill of 7 tokens, token 7 sampled
+    s = p.stores["r"]
+    assert (s.next_mature, s.next_green, s.count) == (7, 8, 15)
+    p.propose(batch_for(toks[:10], hidden, 7, 2))  # one draft accepted + bonus
+    assert (s.next_mature, s.next_green, s.count) == (9, 10, 19)
+    p.propose(batch_for(toks[:10], hidden, 0, 9))  # recomputed after preemption: fresh store
+    s2 = p.stores["r"]
+    assert s2 is not s and (s2.next_mature, s2.next_green, s2.count) == (9, 10, 19)
+    assert p.stats["store_resets"] == 1
+    p.finish({"r"})
+    assert "r" not in p.stores
+    # prefix-cache hit: the first 6 states are never computed; green states cover them
+    out = p.propose(batch_for(toks[:10], hidden, 6, 3))
+    s3 = p.stores["r"]
+    assert (s3.next_mature, s3.next_green, s3.count) == (9, 10, 13)
+    assert p.stats["missing_states"] == 6 and out.drafts[0]
+
+
+def test_no_draft_without_the_newest_state_and_tracking_without_drafts():
+    m = tiny()
+    p = proposer(m)
+    toks = torch.randint(0, V, (12,)).tolist()
+    hidden = torch.randn(20, H)
+    b = batch_for(toks[:8], hidden, 0, 5)  # states end before the newest token's predecessor
+    assert p.propose(b).drafts == [[]]
+    p2 = proposer(m)
+    p2.track(batch_for(toks[:8], hidden, 0, 7))  # a step the cost gate kept plain
+    assert p2.stores["r"].next_mature == 7 and p2.propose(
+        batch_for(toks[:8], hidden, 7, 0)).drafts[0]
+
+
+def test_stop_threshold_and_request_limits():
+    m = tiny()
+    toks = torch.randint(0, V, (12,)).tolist()
+    hidden = torch.randn(20, H)
+    assert len(proposer(m, k=3).propose(batch_for(toks, hidden, 0, 11, max_len=2)).drafts[0]) == 2
+    assert len(proposer(m, k=2).propose(batch_for(toks, hidden, 0, 11)).drafts[0]) == 2
+    assert len(proposer(m, k=3, stop_threshold=1.0).propose(
+        batch_for(toks, hidden, 0, 11)).drafts[0]) == 1
+
+
+def test_sampled_drafts_hand_q_over_the_full_vocabulary():
+    m = tiny()
+    p = proposer(m, seed=3)
+    toks = torch.randint(0, V, (12,)).tolist()
+    out = p.propose(batch_for(toks, torch.randn(20, H), 0, 11, temperature=0.8))
+    q = out.probs
+    assert q is not None and q.shape == (1, 3, V)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[m.draft_ids] = False
+    for i, t in enumerate(out.drafts[0]):
+        assert abs(float(q[0, i].sum()) - 1.0) < 1e-5
+        assert float(q[0, i, outside].sum()) == 0.0
+        assert float(q[0, i, t]) > 0.0  # the draft was drawn from q
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    m = tiny()
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, m, STAMP, {"answer_tokens": 123})
+    meta = check_checkpoint(path, STAMP)
+    assert meta["training"]["answer_tokens"] == 123 and meta["config"]["num_heads"] == 3
+    back = load_checkpoint(path, STAMP)
+    assert torch.equal(back.draft_ids, m.draft_ids)
+    w0 = m.state_dict()["block.q_proj.weight"].to(torch.bfloat16).float()
+    assert torch.equal(back.state_dict()["block.q_proj.weight"], w0)
+    other = ModelStamp("LlamaForCausalLM", 4, H, V, "zzz", name="other")
+    with pytest.raises(ArtifactMismatchError, match="made for another model"):
+        check_checkpoint(path, other)
+    with pytest.raises(ArtifactError, match="does not exist"):
+        check_checkpoint(tmp_path / "missing.safetensors", STAMP)
+
+
+def test_training_step_lowers_the_loss():
+    m = tiny(heads=2)
+    m.bind_target(torch.randn(V, H), torch.randn(V, H))
+    toks = torch.randint(0, V, (2, 16))
+    hidden = torch.randn(2, 16, H)
+    labels = torch.roll(toks, -1, dims=1)
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    opt = torch.optim.AdamW(m.trainable_parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        out = m.train_forward(toks, hidden, labels, mask)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        first = first if first is not None else float(out.loss.detach())
+    assert float(out.loss) < first
+    assert len(out.correct) == 2 and out.counted[0] > 0
