@@ -2,9 +2,9 @@
 hidden states.
 
 §4.1.1 trigram encoder: the embeddings of (x_{p-2}, x_{p-1}, x_p) concatenated
-(3H; the first two positions collapse to unigram/bigram by repeating x_0), a
-residual SiLU block (zero-initialised, as the authors' ``ResBlock``), then 3H->H.
-Its output g_p is the "green" state of position p.
+(3H; the first two positions collapse to unigram/bigram by repeating x_0), then an
+MLP of two linear layers with SiLU (eq. 2). Its output g_p is the "green" state of
+position p.
 §4.1.2 full-context encoder: ONE decoder block over the target's final-norm
 last-layer states h (the "mature" states) together with the trigram states g; a
 query g_p attends to h_{<=p-1} and g_{<=p} (eq. 3; "as long as there is a future
@@ -21,6 +21,10 @@ Decisions where the paper is silent or the authors' code (kafkayu/Chimera) does
 not run as published (merge-conflict markers, undefined helpers, a mask that hides
 everything, a frozen-base typo):
 
+* Trigram MLP: W1 projects 3H->H first and W2 is a zero-initialised residual H->H
+  block after SiLU. The authors' code puts the residual block at 3H (3H x 3H) before
+  the projection: three times the weights, and a draft token's cost on a CPU is the
+  bytes of weights it reads (SmolLM2: 12 MB of 31 MB would be that block).
 * Heads. ``head_kind="shared"`` (default): head i is a 2H->H projection P_i
   (initialised to [I/2 | I/2]) followed by the target's own LM head restricted to
   a draft vocabulary (``proposers.draft_vocab``); nothing vocabulary-sized is
@@ -47,7 +51,7 @@ everything, a frozen-base typo):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -138,17 +142,20 @@ def trigram_ids(tokens: torch.Tensor) -> torch.Tensor:
 
 
 class TrigramEncoder(nn.Module):
-    """§4.1.1, eq. 2: g = W2 (e + SiLU(W1 e)), e = [emb(x_{p-2}); emb(x_{p-1}); emb(x_p)]."""
+    """§4.1.1, eq. 2, an MLP with two linear layers and SiLU:
+    g = x + W2 SiLU(x), x = W1 [emb(x_{p-2}); emb(x_{p-1}); emb(x_p)] (W1: 3H->H, W2: H->H,
+    zero-initialised so the block starts as the projection)."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
-        self.res = nn.Linear(3 * hidden, 3 * hidden)
+        self.proj = nn.Linear(3 * hidden, hidden, bias=False)
+        self.res = nn.Linear(hidden, hidden)
         nn.init.zeros_(self.res.weight)
         nn.init.zeros_(self.res.bias)
-        self.proj = nn.Linear(3 * hidden, hidden, bias=False)
 
     def forward(self, e3: torch.Tensor) -> torch.Tensor:
-        return self.proj(e3 + F.silu(self.res(e3)))
+        x = self.proj(e3)
+        return x + self.res(F.silu(x))
 
 
 class EncoderBlock(nn.Module):
@@ -225,11 +232,11 @@ class ChimeraDraftModel(nn.Module):
 
     def __init__(self, cfg: ChimeraConfig, draft_vocab: DraftVocab | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
         h = cfg.hidden_size
         vocab = draft_vocab or DraftVocab.full(cfg.vocab_size)
         if cfg.head_kind == "paper":
             vocab = DraftVocab.full(cfg.vocab_size)  # one vocabulary-sized head each
+        self.cfg = cfg = replace(cfg, draft_vocab_size=vocab.size)
         self.register_buffer("draft_ids", vocab.ids.clone(), persistent=True)
         self.trigram = TrigramEncoder(h)
         self.block = EncoderBlock(cfg)

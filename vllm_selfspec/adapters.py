@@ -100,6 +100,17 @@ class PreNormDecoderAdapter:
                 residual = residual.index_add(0, rows, layer.mlp(layer.post_attention_layernorm(part)))
         return self.inner.norm(residual)
 
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        """[V(+pad), H] token embedding (vLLM ``VocabParallelEmbedding``)."""
+        return self.inner.embed_tokens.weight
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V(+pad), H] LM head (the embedding itself when tied)."""
+        head = getattr(self.lm, "lm_head", None)
+        return head.weight if head is not None else self.embed_weight
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.compute_logits(hidden)
 

@@ -11,10 +11,12 @@ step's accepted and bonus tokens (design note §1.4, §6).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_selfspec.proposers.base import DraftRequest, Verification
+from vllm_selfspec.log import log_once
+from vllm_selfspec.proposers.base import DraftRequest, TargetStates, Verification
 
 GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampling_params.py)
 
@@ -80,4 +82,43 @@ def draft_requests(runner: Any, ctx: DraftContext, k: int) -> list[DraftRequest]
             temperature=0.0 if greedy else float(sp.temperature),
             top_k=int(sp.top_k) if sp.top_k and sp.top_k > 0 else 0,
             top_p=float(sp.top_p)))
+    return out
+
+
+def computed_before_step(scheduler_output: Any) -> dict[str, int]:
+    """Tokens each scheduled request had computed before this step: the position of its
+    first scheduled token (vLLM ``NewRequestData`` / ``CachedRequestData``)."""
+    out = {r.req_id: int(r.num_computed_tokens)
+           for r in getattr(scheduler_output, "scheduled_new_reqs", None) or ()}
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    if cached is not None:
+        out.update(zip(cached.req_ids, (int(n) for n in cached.num_computed_tokens)))
+    return out
+
+
+def target_states(ctx: DraftContext) -> list[TargetStates]:
+    """The target's final-norm last-layer states of the tokens verified this step, per
+    request (Chimera): all scheduled tokens of a prefill chunk (partial prefills
+    included), and for a verified draft only the newest token and the accepted drafts
+    (the states at rejected positions belong to tokens that were thrown away).
+    ``hidden_states`` rows follow ``query_start_loc`` (the batch order of this step)."""
+    so = ctx.scheduler_output
+    start = computed_before_step(so)
+    spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+    qsl = ctx.common_attn_metadata.query_start_loc_cpu
+    out = []
+    for row, req_id in enumerate(ctx.req_ids):
+        n_sched = int(so.num_scheduled_tokens.get(req_id, 0))
+        if n_sched == 0 or req_id not in start or row + 1 >= len(qsl):
+            continue
+        a, b = int(qsl[row]), int(qsl[row + 1])
+        if b - a != n_sched:
+            log_once(logging.WARNING, "states-layout", "vllm_selfspec: hidden states of request "
+                     "%s do not line up with its scheduled tokens (%d vs %d); its states are "
+                     "left out", req_id, b - a, n_sched)
+            continue
+        sampled = ctx.sampled_token_ids[row] if row < len(ctx.sampled_token_ids) else []
+        valid = len(sampled) if spec.get(req_id) else n_sched
+        if valid > 0:
+            out.append(TargetStates(row, req_id, start[req_id], ctx.hidden_states[a: a + valid]))
     return out

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from vllm_selfspec import methods
-from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
+from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback, target_states
 from vllm_selfspec.log import log_once, logger
 from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
 from vllm_selfspec.proposers.cost_gate import CostGate
@@ -35,9 +35,13 @@ def decode_only(scheduler_output: Any) -> bool:
     return bool(scheduled) and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
 
 
-def safe_propose(proposer: Proposer, batch: DraftBatch) -> Proposal:
-    """``proposer.propose(batch)``, or no drafts if it raises (logged once)."""
+def safe_propose(proposer: Proposer, batch: DraftBatch, draft: bool = True) -> Proposal:
+    """``proposer.propose(batch)`` (``proposer.track(batch)`` when this step drafts
+    nothing), or no drafts if it raises (logged once)."""
     try:
+        if not draft:
+            proposer.track(batch)
+            return Proposal([[] for _ in batch.req_ids])
         proposal = proposer.propose(batch)
         if len(proposal.drafts) != len(batch.req_ids):
             raise RuntimeError(f"{len(proposal.drafts)} draft rows for {len(batch.req_ids)} requests")
@@ -72,6 +76,10 @@ class PluginDrafter:
             from vllm_selfspec.masks import mask_from_opts
 
             kwargs["mask"] = mask_from_opts(opts["mask"])
+        if "checkpoint_path" in opts:
+            from vllm_selfspec.proposers.chimera import load_checkpoint
+
+            kwargs["model"] = load_checkpoint(opts["checkpoint_path"])
         self.proposer: Proposer = cls(self.k, kwargs)
         self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
         self._view: Any = None
@@ -85,7 +93,7 @@ class PluginDrafter:
     # ---- vLLM custom_class contract -------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:
         self.target_model = target_model
-        if self.proposer.uses_target:
+        if self.proposer.uses_target or self.proposer.uses_hidden_states:
             from vllm_selfspec.adapters import make_adapter
             from vllm_selfspec.proposers.artifacts import (
                 ModelStamp,
@@ -115,10 +123,11 @@ class PluginDrafter:
 
     # ---- runner bridge (P3) ---------------------------------------------------------
     def _target_view(self, runner: Any) -> Any:
-        if self._view is None and self.proposer.uses_target:
-            from vllm_selfspec.target import TargetView
+        if self._view is None and (self.proposer.uses_target or self.proposer.uses_hidden_states):
+            from vllm_selfspec.target import HiddenStateView, TargetView
 
-            self._view = TargetView(runner, self.adapter)
+            view_cls = TargetView if self.proposer.uses_target else HiddenStateView
+            self._view = view_cls(runner, self.adapter)
             self.proposer.bind(self._view)
             if hasattr(self.proposer, "mask_saver") and self.opts.get("mask_cache"):
                 self.proposer.mask_saver = self._save_mask
@@ -133,20 +142,25 @@ class PluginDrafter:
             self.proposer.observe(read_feedback(ctx))
             if finished:
                 self.proposer.finish(set(finished))
-            if not self.drafting:
-                return [[] for _ in ctx.req_ids], None
-            if not self._gate_allows_drafting(ctx):
+            draft = self.drafting and self._gate_allows_drafting(ctx)
+            if not draft and not self.proposer.uses_hidden_states:
                 return [[] for _ in ctx.req_ids], None
             view = self._target_view(runner)
-            if view is not None:
+            if view is not None and hasattr(view, "begin_step"):
                 view.begin_step(ctx.common_attn_metadata)
             batch = DraftBatch(req_ids=ctx.req_ids, requests=draft_requests(runner, ctx, self.k),
                                token_ids=runner.input_batch.token_ids_cpu,
-                               num_tokens=runner.input_batch.num_tokens_no_spec)
+                               num_tokens=runner.input_batch.num_tokens_no_spec,
+                               states=target_states(ctx) if self.proposer.uses_hidden_states
+                               else None)
         except Exception as e:  # noqa: BLE001
             log_once(logging.ERROR, f"draft-setup-{id(self)}", "vllm_selfspec: preparing a draft "
                      "step failed (%s: %s); drafting nothing for this step.", type(e).__name__, e,
                      exc_info=True)
+            return [[] for _ in ctx.req_ids], None
+        if not draft:
+            # a step without drafts: proposers that track the target's states keep them
+            safe_propose(self.proposer, batch, draft=False)
             return [[] for _ in ctx.req_ids], None
         proposal = safe_propose(self.proposer, batch)
         self._maybe_log_stats()

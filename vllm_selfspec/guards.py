@@ -26,8 +26,11 @@ def _layer_types(hf_config: Any) -> set[str]:
 
 
 def check_supported(method: Method, engine_args: Any, model_config: Any, parallel_config: Any,
-                    uses_target_layers: bool) -> None:
-    """Raise SelfSpecConfigError naming the first unsupported feature."""
+                    proposer: Any) -> None:
+    """Raise SelfSpecConfigError naming the first unsupported feature of ``proposer``
+    (a ``proposers.base.Proposer`` class)."""
+    uses_target_layers = bool(proposer.uses_target)
+    reads_target = uses_target_layers or bool(getattr(proposer, "uses_hidden_states", False))
     pp = getattr(parallel_config, "pipeline_parallel_size", 1) or 1
     if pp > 1:
         raise _fail(method, f"pipeline parallelism (pipeline_parallel_size={pp})",
@@ -54,7 +57,12 @@ def check_supported(method: Method, engine_args: Any, model_config: Any, paralle
             engine_args.speculative_config.get("rejection_sample_method") == "synthetic":
         raise _fail(method, "rejection_sample_method='synthetic'",
                     "It is a benchmarking mode of vLLM that ignores the drafts; use 'standard'.")
-    if uses_target_layers:
+    tp = getattr(parallel_config, "tensor_parallel_size", 1) or 1
+    if tp > 1 and getattr(proposer, "uses_hidden_states", False):
+        raise _fail(method, f"tensor parallelism (tensor_parallel_size={tp})",
+                    "Its draft model reads the target's embedding and LM head, which are "
+                    "sharded across ranks; use tensor_parallel_size=1.")
+    if reads_target:
         archs = list(getattr(model_config.hf_config, "architectures", None) or [])
         arch = archs[0] if archs else "<unknown>"
         if arch not in SUPPORTED_ARCHITECTURES:

@@ -97,7 +97,7 @@ class Method:
     name: str
     aliases: tuple[str, ...]
     proposer: str  # "module:Class" of the algorithm (vllm_selfspec.proposers.*)
-    default_k: int
+    default_k: int | None  # None: fixed at start-up by ``prepare`` (e.g. Chimera's heads)
     keys: tuple[Key, ...]
     summary: str
     # constraints between keys, on the validated options (raise SelfSpecConfigError)
@@ -105,6 +105,9 @@ class Method:
     # "module:function" (opts, ModelInfo) -> SkipMask that picks the draft's skip mask at
     # start-up (vllm_selfspec.masks), for methods that draft through the target's layers
     skip_mask: str | None = None
+    # "module:function" (opts, ModelInfo, core keys) -> None: other start-up work that needs
+    # the model (find and check artifacts: bigram tables, checkpoints)
+    prepare: str | None = None
 
     def key(self, name: str) -> Key | None:
         return next((k for k in self.keys if k.name == name), None)
@@ -236,6 +239,7 @@ NGRAMMYS = Method(
     name="ngrammys",
     aliases=("n-grammys", "n_grammys"),
     proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
+    prepare="vllm_selfspec.plugin:resolve_bigram_table",
     default_k=NG["width"],
     summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
             "(extended) bigram table; one chain of k candidate rows per step",
@@ -260,7 +264,25 @@ NGRAMMYS = Method(
     check=_check_query_lengths,
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS)}
+CHIMERA = Method(
+    name="chimera",
+    aliases=(),
+    proposer="vllm_selfspec.proposers.chimera_drafting:ChimeraProposer",
+    prepare="vllm_selfspec.checkpoints:resolve_checkpoint",
+    default_k=None,  # the checkpoint's number of decoding heads
+    summary="Chimera: a small trained draft model (trigram encoder, one encoder block, "
+            "residual heads) over the target's own last-layer hidden states",
+    keys=(
+        Key("checkpoint", None, "Chimera checkpoint from tools/train_chimera.py. Default: the "
+            "checkpoint cached or shipped for this model (the embedded model has one)", "str"),
+        Key("stop_threshold", 0.0, "drafting stops early when the draft's top-1 probability is "
+            "below it (0: every head drafts)", "float", 0.0, 1.0),
+        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
+        *COMMON_KEYS,
+    ),
+)
+
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS, CHIMERA)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 
@@ -293,7 +315,8 @@ def split_config(raw: Mapping[str, Any]) -> tuple[Method, dict[str, Any], dict[s
                 + ", ".join(valid))
     k = core.get("num_speculative_tokens")
     if k is None:
-        core["num_speculative_tokens"] = method.default_k
+        if method.default_k is not None:
+            core["num_speculative_tokens"] = method.default_k
     elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 128:
         raise SelfSpecConfigError(
             f"vllm_selfspec: num_speculative_tokens must be an integer in [1, 128], got {k!r}")

@@ -39,30 +39,30 @@ def proposer_class(method: methods.Method) -> type:
     return _import(method.proposer)
 
 
-def _prepare(method: methods.Method, opts: dict[str, Any], model_config: Any) -> dict[str, Any]:
-    """Start-up work that needs the model: resolve and check artifacts (skip masks)."""
+def _prepare(method: methods.Method, opts: dict[str, Any], core: dict[str, Any],
+             model_config: Any) -> dict[str, Any]:
+    """Start-up work that needs the model: the method's skip mask and other artifacts
+    (bigram tables, checkpoints), found and checked against the model."""
     from vllm_selfspec.masks import mask_to_opts
     from vllm_selfspec.model_info import model_info
-    from vllm_selfspec.proposers.artifacts import ArtifactMismatchError
+    from vllm_selfspec.proposers.artifacts import ArtifactError, ArtifactMismatchError
     from vllm_selfspec.proposers.skip_mask import SkipMaskError
 
     info = model_info(model_config)
     opts["model_stamp"] = info.stamp.to_json()
-    from vllm_selfspec.proposers.ngram_tables import BigramTableError
-
     try:
         if method.skip_mask is not None:
             opts["mask"] = mask_to_opts(_import(method.skip_mask)(opts, info))
             if isinstance(opts.get("skip_mask"), dict):  # keep additional_config small
                 opts["skip_mask"] = "inline"
-        if "bigram_table" in opts:
-            opts["table_path"] = _resolve_bigram_table(opts, info)
-    except (SkipMaskError, ArtifactMismatchError, BigramTableError) as e:
+        if method.prepare is not None:
+            _import(method.prepare)(opts, info, core)
+    except (SkipMaskError, ArtifactError, ArtifactMismatchError) as e:
         raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
     return opts
 
 
-def _resolve_bigram_table(opts: dict[str, Any], info: Any) -> str:
+def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
     from the file header (the worker loads the arrays)."""
     from vllm_selfspec.offline.bigram_build import table_for_model
@@ -72,7 +72,7 @@ def _resolve_bigram_table(opts: dict[str, Any], info: Any) -> str:
     meta = BigramTable.check_file(path, info.stamp)
     logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
                 meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
-    return str(path)
+    opts["table_path"] = str(path)
 
 
 def translate_speculative_config(engine_args: Any, model_config: Any, parallel_config: Any) -> None:
@@ -99,8 +99,8 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     cls = proposer_class(method)
     from vllm_selfspec.guards import check_supported
 
-    check_supported(method, engine_args, model_config, parallel_config, cls.uses_target)
-    opts = _prepare(method, opts, model_config)
+    check_supported(method, engine_args, model_config, parallel_config, cls)
+    opts = _prepare(method, opts, core, model_config)
     opts["writes_target_kv"] = bool(cls.writes_target_kv)
     engine_args.additional_config = {**(engine_args.additional_config or {}), PLUGIN_KEY: opts}
     engine_args.speculative_config = {**core, "model": methods.DRAFTER_CLASS}

@@ -164,3 +164,18 @@ class TargetView:
         self.timing["score_tokens"] += nc * tw
         self.timing["score_seconds"] += time.perf_counter() - t0
         return pred == targets.unsqueeze(0)
+
+
+class HiddenStateView:
+    """The target as Chimera sees it (``proposers.chimera_drafting.HiddenStateTarget``):
+    its token embedding and LM head weights, shared, never copied (vLLM's
+    ``VocabParallelEmbedding`` / ``ParallelLMHead``; rows past the vocabulary are
+    padding). The hidden states themselves come through the runner bridge."""
+
+    def __init__(self, runner: Any, adapter: PreNormDecoderAdapter) -> None:
+        self.device = torch.device(runner.device)
+        self.vocab_size = int(runner.model_config.get_vocab_size())
+        self.embed_weight = adapter.embed_weight
+        self.lm_head_weight = adapter.lm_head_weight
+        self.dtype = self.embed_weight.dtype
+        self.timing = {"draft_calls": 0, "draft_seconds": 0.0}

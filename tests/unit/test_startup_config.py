@@ -168,3 +168,63 @@ def test_layerskip_exit_layer_default_and_mask(model_path):
 ])
 def test_layerskip_bad_keys(model_path, spec, match):
     _one_line_error(model_path, {"method": "layerskip", **spec}, match)
+
+
+@pytest.fixture(scope="module")
+def chimera_checkpoints(tmp_path_factory, model_path):
+    """An (untrained) Chimera checkpoint stamped for the embedded model, and one stamped
+    for another model."""
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.chimera import (
+        ChimeraConfig,
+        ChimeraDraftModel,
+        save_checkpoint,
+    )
+    from vllm_selfspec.proposers.draft_vocab import DraftVocab
+    from transformers import AutoConfig
+
+    d = tmp_path_factory.mktemp("chimera")
+    cfg = ChimeraConfig.from_hf(AutoConfig.from_pretrained(model_path), num_heads=3,
+                                draft_vocab_size=64)
+    model = ChimeraDraftModel(cfg, DraftVocab(__import__("torch").arange(64), cfg.vocab_size))
+    stamp = stamp_from_path(model_path)
+    ours, theirs = d / "ours.safetensors", d / "theirs.safetensors"
+    save_checkpoint(ours, model, stamp, {"answer_tokens": 0})
+    other = ModelStamp(stamp.architecture, stamp.num_layers, stamp.hidden_size, stamp.vocab_size,
+                       "0123456789abcdef", name="another-model")
+    save_checkpoint(theirs, model, other, {"answer_tokens": 0})
+    return ours, theirs
+
+
+def test_chimera_takes_its_draft_length_from_the_checkpoint(model_path, chimera_checkpoints):
+    ours, _ = chimera_checkpoints
+    cfg = _config(model_path, {"method": "chimera", "checkpoint": str(ours)})
+    assert cfg.speculative_config.num_speculative_tokens == 3  # the checkpoint's heads
+    opts = cfg.additional_config[PLUGIN_KEY]
+    assert opts["checkpoint_path"] == str(ours) and not opts["writes_target_kv"]
+    assert cfg.num_lookahead_tokens == 0  # drafts write no KV
+    cfg = _config(model_path, {"method": "chimera", "checkpoint": str(ours),
+                               "num_speculative_tokens": 2})
+    assert cfg.speculative_config.num_speculative_tokens == 2
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"checkpoint": "THEIRS"}, r"Chimera checkpoint .* was made for another model "
+                               r"\(another-model: .*weights 0123456789abcdef"),
+    ({"checkpoint": "/nonexistent/c.safetensors"},
+     r"Chimera checkpoint /nonexistent/c.safetensors does not exist. Train one"),
+    ({"checkpoint": "OURS", "num_speculative_tokens": 5},
+     r"num_speculative_tokens=5 exceeds the 3 decoding heads"),
+    ({"checkpoint": "OURS", "tensor_parallel_size": 2}, None),
+])
+def test_chimera_refusals(model_path, chimera_checkpoints, spec, match):
+    ours, theirs = chimera_checkpoints
+    spec = {k: {"OURS": str(ours), "THEIRS": str(theirs)}.get(v, v) if isinstance(v, str) else v
+            for k, v in spec.items()}
+    tp = spec.pop("tensor_parallel_size", None)
+    if tp is not None:
+        _one_line_error(model_path, {"method": "chimera", **spec},
+                        r"method 'chimera' does not support tensor parallelism",
+                        tensor_parallel_size=tp)
+        return
+    _one_line_error(model_path, {"method": "chimera", **spec}, match)
