@@ -91,8 +91,8 @@ def test_partial_prefills_and_prefix_cache_hits(model_path, eval_prompts):
 def test_sampling_keeps_the_target_distribution(shipped, model_path):
     """The 2nd and 3rd sampled tokens (drafted and verified) follow plain sampling's
     distribution: frequencies of the common tokens within binomial noise."""
-    from vllm import TokensPrompt
     from transformers import AutoTokenizer
+    from vllm import TokensPrompt
 
     tok = AutoTokenizer.from_pretrained(model_path)
     ids = tok.apply_chat_template([{"role": "user", "content": "Name a color."}],

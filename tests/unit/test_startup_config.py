@@ -174,6 +174,8 @@ def test_layerskip_bad_keys(model_path, spec, match):
 def chimera_checkpoints(tmp_path_factory, model_path):
     """An (untrained) Chimera checkpoint stamped for the embedded model, and one stamped
     for another model."""
+    from transformers import AutoConfig
+
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.proposers.chimera import (
         ChimeraConfig,
@@ -181,7 +183,6 @@ def chimera_checkpoints(tmp_path_factory, model_path):
         save_checkpoint,
     )
     from vllm_selfspec.proposers.draft_vocab import DraftVocab
-    from transformers import AutoConfig
 
     d = tmp_path_factory.mktemp("chimera")
     cfg = ChimeraConfig.from_hf(AutoConfig.from_pretrained(model_path), num_heads=3,
