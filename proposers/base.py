@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping, Protocol
 import numpy as np
 import torch
 
+from .options import CommonOptions, build
 from .skip_mask import SkipMask
 
 
@@ -114,9 +115,13 @@ class Proposer(ABC):
     # The drafter reads the target's last-layer hidden states (DraftBatch.states).
     uses_hidden_states: ClassVar[bool] = False
 
+    # The method's typed keys (proposers.options); ``self.cfg`` is built once from them.
+    options_class: ClassVar[type] = CommonOptions
+
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens
-        self.options = dict(options)
+        self.options = dict(options)  # validated keys plus what the glue resolved at start-up
+        self.cfg: Any = build(self.options_class, options)
         self.stats: dict[str, float] = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
 
     def bind(self, target: Any) -> None:

@@ -35,6 +35,7 @@ import torch
 
 from .base import DraftBatch, Proposal, Proposer, TargetStates
 from .chimera import ChimeraDraftModel, trigram_ids
+from .options import DraftSamplerOptions, option
 from .sampling import draft_distribution
 
 
@@ -48,13 +49,16 @@ class HiddenStateTarget(Protocol):
     lm_head_weight: torch.Tensor  # [V(+pad), H]
 
 
-@dataclass
-class ChimeraOptions:
-    """Method ``chimera``'s options (vllm_selfspec.methods validates the user's keys)."""
+@dataclass(frozen=True)
+class ChimeraOptions(DraftSamplerOptions):
+    """Method ``chimera``'s keys."""
 
-    stop_threshold: float = 0.0
-    seed: int = 0
-    draft_sample_method: str = "probabilistic"
+    checkpoint: str | None = option(
+        None, "Chimera checkpoint from tools/train_chimera.py. Default: the checkpoint cached or "
+        "shipped for this model (the embedded model has one)", "str")
+    stop_threshold: float = option(
+        0.0, "drafting stops early when the draft's top-1 probability is below it (0: every "
+        "head drafts)", "float", 0.0, 1.0)
 
 
 class ContextStore:
@@ -109,11 +113,10 @@ class ChimeraProposer(Proposer):
     """Method ``chimera``: the trained draft model over the target's hidden states."""
 
     uses_hidden_states = True
+    options_class = ChimeraOptions
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        fields = ChimeraOptions.__dataclass_fields__
-        self.cfg = ChimeraOptions(**{k: options[k] for k in fields if k in options})
         self.model: ChimeraDraftModel | None = options.get("model")
         self.stores: dict[str, ContextStore] = {}
         self.target: HiddenStateTarget | None = None
@@ -256,7 +259,7 @@ class ChimeraProposer(Proposer):
         h_last = torch.stack([s.last_hidden for s in stores])  # type: ignore[misc]
         max_len = torch.tensor([min(r.max_len, self.heads) for r in reqs])
         temperature = torch.tensor([r.temperature for r in reqs], device=dev)
-        sample = (temperature > 0) & (self.cfg.draft_sample_method == "probabilistic")
+        sample = (temperature > 0) & self.cfg.sample_drafts
         any_sampled = bool(sample.any())
         probs = (torch.zeros(len(batch.req_ids), self.k, self.target.vocab_size, device=dev)
                  if any_sampled else None)

@@ -23,10 +23,11 @@ With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
 
-from .draft_exit import DraftExitConfig, DraftExitController
+from .draft_exit import DraftExitConfig
 from .layer_skip import SelfSpecProposer
+from .options import DraftSamplerOptions, option
 from .skip_mask import SkipMask, SkipMaskError
 
 
@@ -56,13 +57,26 @@ def fixed_speculations(stop_threshold: float = 0.0) -> DraftExitConfig:
     return DraftExitConfig(threshold=stop_threshold, adaptive=False)
 
 
+@dataclass(frozen=True)
+class LayerSkipOptions(DraftSamplerOptions):
+    """Method ``layerskip``'s keys."""
+
+    exit_layer: int | None = option(
+        None, "E: the draft runs layers 0..E-1, then the final norm and LM head (an integer in "
+        "[1, L]; L drafts with the whole model). Default: a quarter of the layers", "int", 1,
+        None, symbol="E")
+    stop_threshold: float = option(
+        0.0, "drafting stops early when the draft's top-1 probability is below it (0: always "
+        "num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0)
+
+
 class EarlyExitProposer(SelfSpecProposer):
     """Method ``layerskip``: draft with the first E layers and the shared LM head."""
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
-        self.exit = DraftExitController(
-            fixed_speculations(float(options.get("stop_threshold", 0.0))))
+    options_class = LayerSkipOptions
+
+    def draft_exit_config(self) -> DraftExitConfig:
+        return fixed_speculations(self.cfg.stop_threshold)
 
     @property
     def exit_layer(self) -> int:

@@ -14,14 +14,51 @@ to vLLM's rejection sampler.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
 from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
+from .options import DraftSamplerOptions, option
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
+
+_DE = DraftExitConfig  # D&V's draft-exit defaults live there (Table 6, Appendix B)
+
+
+@dataclass(frozen=True)
+class SelfSpecOptions(DraftSamplerOptions):
+    """Method ``selfspec``'s keys."""
+
+    skip_mask: Any = option(
+        None, "skip mask: JSON file path or inline {\"attention\": [...], \"mlp\": [...]} "
+        "(0-based ids, D&V/SWIFT format). Default: the cached searched mask for this model, "
+        "else the uniform mask", "mask")
+    skip_mask_key: str | None = option(None, "entry to use in a model-keyed mask file", "str")
+    skip_ratio: float = option(0.15, "share of the 2(L-2) inner sub-layers the uniform mask "
+                               "skips (used when no mask is given)", "float", 0.0, 1.0,
+                               high_open=True)
+    draft_exit_threshold: float = option(
+        _DE.threshold, "initial draft-exit threshold: drafting stops when the draft's top-1 "
+        "probability is below it", "float", 0.0, 1.0, symbol="γ0")
+    adaptive_threshold: bool = option(_DE.adaptive, "update the threshold after every "
+                                      "verification (D&V §3.4)", "bool")
+    target_acceptance: float = option(_DE.target_acceptance, "acceptance rate the adaptive "
+                                      "threshold aims for", "float", 0.0, 1.0, symbol="α")
+    threshold_step: float = option(_DE.step, "threshold update step", "float", 0.0, 1.0,
+                                   symbol="ε")
+    beta1: float = option(_DE.beta1, "smoothing of the acceptance rate", "float", 0.0, 1.0,
+                          high_open=True, symbol="β1")
+    beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
+                          high_open=True, symbol="β2")
+
+    def draft_exit(self) -> DraftExitConfig:
+        return DraftExitConfig(threshold=self.draft_exit_threshold,
+                               target_acceptance=self.target_acceptance,
+                               step=self.threshold_step, beta1=self.beta1, beta2=self.beta2,
+                               adaptive=self.adaptive_threshold)
 
 
 class SelfSpecProposer(Proposer):
@@ -29,26 +66,24 @@ class SelfSpecProposer(Proposer):
 
     writes_target_kv = True
     uses_target = True
+    options_class = SelfSpecOptions
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        self.exit = DraftExitController(DraftExitConfig(
-            threshold=float(options.get("draft_exit_threshold", 0.6)),
-            target_acceptance=float(options.get("target_acceptance", 0.90)),
-            step=float(options.get("threshold_step", 0.01)),
-            beta1=float(options.get("beta1", 0.5)),
-            beta2=float(options.get("beta2", 0.9)),
-            adaptive=bool(options.get("adaptive_threshold", True)),
-        ))
-        self.sample_drafts = options.get("draft_sample_method", "probabilistic") == "probabilistic"
+        self.exit = DraftExitController(self.draft_exit_config())
+        self.sample_drafts = self.cfg.sample_drafts
         self.mask: SkipMask = options.get("mask") or SkipMask()
         self.target: LayerSkipTarget | None = None
         self.generator: torch.Generator | None = None
 
+    def draft_exit_config(self) -> DraftExitConfig:
+        """When drafting stops (D&V §3.4: the adaptive threshold)."""
+        return self.cfg.draft_exit()
+
     def bind(self, target: LayerSkipTarget) -> None:
         self.target = target
         self.generator = torch.Generator(device=target.device)
-        self.generator.manual_seed(int(self.options.get("seed", 0)))
+        self.generator.manual_seed(self.cfg.seed)
 
     def set_mask(self, mask: SkipMask) -> None:
         """Switch the skip mask between steps (vllm_selfspec.control.set_skip_mask)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from .base import DraftBatch, Proposal, Proposer
 from .ngram_tables import BigramTable
-from .ngrammys_defaults import DEFAULTS, SELECTIONS
+from .options import CommonOptions, option
 
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
@@ -120,25 +120,57 @@ class _Kept:
     rows: list[list[int]]
 
 
+SELECTIONS = ("first", "likelihood")
+DEFAULT_WIDTH = 8  # num_speculative_tokens: the chain, and the width of context rows
+
+
+@dataclass(frozen=True)
+class NGrammysOptions(CommonOptions):
+    """Method ``ngrammys``'s keys; defaults chosen offline on the dev split with
+    ``tools/ngrammys_calls.py`` (README, "ngrammys")."""
+
+    bigram_table: str | None = option(
+        None, "bigram table from tools/build_bigram.py. Default: the table cached for this "
+        "model, else one is built at start-up and cached", "str")
+    num_rows: int = option(10, "candidate rows per step (context matches first, then bigram "
+                           "rows)", "int", 1, 64, symbol="k")
+    bigram_width: int = option(2, "width of the extended-bigram rows (at most "
+                               "num_speculative_tokens, the width of context rows)", "int", 1,
+                               128)
+    query_length: int = option(3, "longest context query; shorter ones are tried after it down "
+                               "to min_query_length", "int", 1, 16, symbol="q")
+    min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    selection: str = option("first", "which row becomes the chain: 'first' (the paper's mixed "
+                            "order) or 'likelihood' (most likely under the bigram table)", "str",
+                            choices=SELECTIONS)
+    keep_rows: bool = option(False, "keep unchosen rows; propose a kept row's rest when the "
+                             "target's next tokens match its prefix", "bool")
+    # Drafts cost almost nothing here, so the gate's plain windows only lose time.
+    cost_gate: bool = option(False, CommonOptions.__dataclass_fields__["cost_gate"]
+                             .metadata["option"]["help"], "bool")
+
+
 class NGrammysProposer(Proposer):
     """Method ``ngrammys``: one chain per step from the k mixed candidate rows."""
 
+    options_class = NGrammysOptions
+
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        opts = {**DEFAULTS, **options}
-        table = opts.get("table")
-        if table is None and opts.get("table_path"):
-            table = BigramTable.load(opts["table_path"])
+        c = self.cfg
+        table = options.get("table")
+        if table is None and options.get("table_path"):
+            table = BigramTable.load(options["table_path"])
         self.table: BigramTable | None = table
-        self.num_rows = int(opts["num_rows"])
+        self.num_rows = c.num_rows
         self.width = int(num_speculative_tokens)
-        self.bigram_width = min(self.width, int(opts["bigram_width"] or self.width))
-        self.max_query = int(opts["query_length"])
-        self.min_query = int(opts["min_query_length"])
-        self.selection = str(opts["selection"])
+        self.bigram_width = min(self.width, c.bigram_width or self.width)
+        self.max_query = c.query_length
+        self.min_query = c.min_query_length
+        self.selection = c.selection
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}")
-        self.keep_rows = bool(opts["keep_rows"])
+        self.keep_rows = c.keep_rows
         # Only the first row is ever used: build just that one (same row, less work).
         self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}

@@ -36,34 +36,81 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
 from .base import ContextWindow, DraftBatch, Proposal, Verification
+from .draft_exit import DraftExitConfig
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from .layer_skip import SelfSpecProposer
+from .options import CommonOptions, option
 from .skip_mask import SkipMask, uniform_mask
 
 OPTIMIZE, ACCELERATE = "optimize", "accelerate"
 MAX_TRACE = 4096  # optimization steps kept for plots (matchness per step)
 
 
+@dataclass(frozen=True)
+class SwiftOptions(CommonOptions):
+    """Method ``swift``'s keys (defaults: SWIFT §5.1 and the authors' code)."""
+
+    skip_ratio: float = option(
+        0.45, "share r of the 2(L-2) inner sub-layers every layer set skips (first and last "
+        "layers are never skipped)", "float", 0.0, 1.0, low_open=True, high_open=True,
+        symbol="r")
+    context_window: int = option(32, "generated tokens matchness is computed over", "int", 2,
+                                 1024, symbol="γ")
+    bayes_interval: int = option(
+        25, "Bayesian optimization proposes the candidate every this many optimization steps "
+        "(random search otherwise; 0: random search only)", "int", 0, None, symbol="β")
+    max_opt_iter: int = option(1000, "most optimization steps per phase", "int", 1, None,
+                               symbol="S")
+    max_tolerance_iter: int = option(300, "end the phase after this many steps without a "
+                                     "better layer set", "int", 1, None)
+    max_score: float = option(0.95, "end the phase once the best layer set's matchness reaches "
+                              "this", "float", 0.0, 1.0, low_open=True)
+    stop_threshold: float = option(0.8, "drafting stops when the draft's top-1 probability is "
+                                   "below it (confidence-aware drafting, §4.2)", "float", 0.0,
+                                   1.0)
+    candidates_per_step: int = option(1, "candidates scored per optimization step, in the same "
+                                      "forward as the current best layer set", "int", 1, 16)
+    reoptimize_drop: float = option(
+        0.3, "re-enter optimization when the acceptance rate over the last reoptimize_window "
+        "verifications falls this far (relative) below the rate right after optimizing; 0: "
+        "never", "float", 0.0, 1.0, high_open=True)
+    reoptimize_window: int = option(256, "verifications the acceptance rate for re-entry is "
+                                    "taken over", "int", 4, 100000)
+    skip_mask: Any = option(
+        None, "layer set to start from instead of the uniform one (file path or inline "
+        "{\"attention\": [...], \"mlp\": [...]}, e.g. from tools/search_mask.py)", "mask")
+    skip_mask_key: str | None = option(None, "entry to use in a model-keyed mask file", "str")
+    cache_hit: bool = option(False, "start from the layer set saved by an earlier run "
+                             "(mask_cache) and skip the first optimization phase", "bool")
+    mask_cache: str | None = option(
+        None, "file the best layer set is saved to when an optimization phase ends (default: "
+        "<cache>/swift/<arch>-<L>L-<fingerprint>.json)", "str")
+    cost_gate: bool = option(True, "time engine steps with and without drafting and draft only "
+                             "while drafting produces tokens faster (steps back where the drafter "
+                             "cannot pay for itself); paused while optimizing", "bool")
+    seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
+
+
 class SwiftProposer(SelfSpecProposer):
     """Method ``swift``."""
 
+    options_class = SwiftOptions
+
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        opts = dict(options)
-        # §4.2: a fixed confidence threshold, not D&V's adaptive one
-        opts["draft_exit_threshold"] = float(opts.get("stop_threshold", 0.8))
-        opts["adaptive_threshold"] = False
-        super().__init__(num_speculative_tokens, opts)
-        self.context_window = int(opts.get("context_window", 32))
-        self.candidates_per_step = int(opts.get("candidates_per_step", 1))
-        self.reoptimize_drop = float(opts.get("reoptimize_drop", 0.3))
-        self.recent: deque[tuple[int, int]] = deque(maxlen=int(opts.get("reoptimize_window", 256)))
+        super().__init__(num_speculative_tokens, options)
+        c = self.cfg
+        self.context_window = c.context_window
+        self.candidates_per_step = c.candidates_per_step
+        self.reoptimize_drop = c.reoptimize_drop
+        self.recent: deque[tuple[int, int]] = deque(maxlen=c.reoptimize_window)
         self.reference: float | None = None  # acceptance rate right after optimizing
-        self.phase = ACCELERATE if opts.get("cache_hit") else OPTIMIZE
+        self.phase = ACCELERATE if c.cache_hit else OPTIMIZE
         self.search: LayerSetSearch | None = None
         self.phase_changes = 0
         self.round_robin = 0
@@ -83,22 +130,24 @@ class SwiftProposer(SelfSpecProposer):
     def optimizing(self) -> bool:
         return self.phase == OPTIMIZE
 
+    def draft_exit_config(self) -> DraftExitConfig:
+        """§4.2: a fixed confidence threshold, not D&V's adaptive one."""
+        return DraftExitConfig(threshold=self.cfg.stop_threshold, adaptive=False)
+
     def _search_config(self) -> LayerSetSearchConfig:
-        o = self.options
+        c = self.cfg
         assert self.target is not None
         return LayerSetSearchConfig(
-            num_layers=self.target.num_layers, skip_ratio=float(o.get("skip_ratio", 0.45)),
-            bayes_interval=int(o.get("bayes_interval", 25)),
-            max_opt_iter=int(o.get("max_opt_iter", 1000)),
-            max_tolerance_iter=int(o.get("max_tolerance_iter", 300)),
-            max_score=float(o.get("max_score", 0.95)),
-            seed=int(o.get("seed", 0)) + self.stats["opt_phases"])
+            num_layers=self.target.num_layers, skip_ratio=c.skip_ratio,
+            bayes_interval=c.bayes_interval, max_opt_iter=c.max_opt_iter,
+            max_tolerance_iter=c.max_tolerance_iter, max_score=c.max_score,
+            seed=c.seed + self.stats["opt_phases"])
 
     def bind(self, target: Any) -> None:
         super().bind(target)
         if not self.options.get("mask"):
-            self.mask = uniform_mask(target.num_layers, float(self.options.get("skip_ratio", 0.45)))
-        if int(self.options.get("bayes_interval", 25)) > 0:
+            self.mask = uniform_mask(target.num_layers, self.cfg.skip_ratio)
+        if self.cfg.bayes_interval > 0:
             import bayes_opt  # noqa: F401  (import now: ~0.3 s the first time)
         if self.phase == OPTIMIZE:
             self._enter_optimization("start")

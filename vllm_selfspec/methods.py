@@ -12,7 +12,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from vllm_selfspec.proposers import ngrammys_defaults
+from vllm_selfspec.proposers.chimera_drafting import ChimeraOptions
+from vllm_selfspec.proposers.early_exit import LayerSkipOptions
+from vllm_selfspec.proposers.layer_skip import SelfSpecOptions
+from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
+from vllm_selfspec.proposers.options import option_fields
+from vllm_selfspec.proposers.swift import SwiftOptions
 
 PLUGIN_KEY = "vllm_selfspec"
 DRAFTER_CLASS = "vllm_selfspec.drafter.PluginDrafter"
@@ -92,13 +97,21 @@ class Key:
         raise AssertionError(self.kind)
 
 
+def keys_of(options: type) -> tuple[Key, ...]:
+    """The user keys of a method's typed options (``proposers.options.option`` fields):
+    name, default, help, kind and range come from the dataclass (one home)."""
+    return tuple(Key(name, default, meta["help"], meta["kind"], meta["low"], meta["high"],
+                     meta["low_open"], meta["high_open"], meta["choices"], meta["symbol"])
+                 for name, default, meta in option_fields(options))
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
     aliases: tuple[str, ...]
     proposer: str  # "module:Class" of the algorithm (vllm_selfspec.proposers.*)
     default_k: int | None  # None: fixed at start-up by ``prepare`` (e.g. Chimera's heads)
-    keys: tuple[Key, ...]
+    options: type  # the proposer's typed options (proposers.options): the user keys
     summary: str
     # constraints between keys, on the validated options (raise SelfSpecConfigError)
     check: Callable[[dict[str, Any]], None] | None = None
@@ -109,28 +122,13 @@ class Method:
     # the model (find and check artifacts: bigram tables, checkpoints)
     prepare: str | None = None
 
+    @property
+    def keys(self) -> tuple[Key, ...]:
+        return keys_of(self.options)
+
     def key(self, name: str) -> Key | None:
         return next((k for k in self.keys if k.name == name), None)
 
-
-DRAFT_EXIT_KEYS = (
-    Key("draft_exit_threshold", 0.6, "initial draft-exit threshold: drafting stops when the "
-        "draft's top-1 probability is below it", "float", 0.0, 1.0, symbol="γ0"),
-    Key("adaptive_threshold", True, "update the threshold after every verification (D&V §3.4)",
-        "bool"),
-    Key("target_acceptance", 0.90, "acceptance rate the adaptive threshold aims for", "float",
-        0.0, 1.0, symbol="α"),
-    Key("threshold_step", 0.01, "threshold update step", "float", 0.0, 1.0, symbol="ε"),
-    Key("beta1", 0.5, "smoothing of the acceptance rate", "float", 0.0, 1.0, high_open=True,
-        symbol="β1"),
-    Key("beta2", 0.9, "smoothing of the threshold", "float", 0.0, 1.0, high_open=True, symbol="β2"),
-)
-
-COMMON_KEYS = (
-    Key("cost_gate", True, "time engine steps with and without drafting and draft only while "
-        "drafting produces tokens faster (steps back where the drafter cannot pay for itself)",
-        "bool"),
-)
 
 SELFSPEC = Method(
     name="selfspec",
@@ -140,17 +138,7 @@ SELFSPEC = Method(
     default_k=12,
     summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
             "sub-layers; adaptive draft exit",
-    keys=(
-        Key("skip_mask", None, "skip mask: JSON file path or inline {\"attention\": [...], "
-            "\"mlp\": [...]} (0-based ids, D&V/SWIFT format). Default: the cached searched mask "
-            "for this model, else the uniform mask", "mask"),
-        Key("skip_mask_key", None, "entry to use in a model-keyed mask file", "str"),
-        Key("skip_ratio", 0.15, "share of the 2(L-2) inner sub-layers the uniform mask skips "
-            "(used when no mask is given)", "float", 0.0, 1.0, high_open=True),
-        *DRAFT_EXIT_KEYS,
-        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
-        *COMMON_KEYS,
-    ),
+    options=SelfSpecOptions,
 )
 
 SWIFT = Method(
@@ -162,41 +150,7 @@ SWIFT = Method(
     summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
             "(random search + interval Bayesian optimization scored by matchness), then "
             "confidence-aware drafting",
-    keys=(
-        Key("skip_ratio", 0.45, "share r of the 2(L-2) inner sub-layers every layer set skips "
-            "(first and last layers are never skipped)", "float", 0.0, 1.0, low_open=True,
-            high_open=True, symbol="r"),
-        Key("context_window", 32, "generated tokens matchness is computed over", "int", 2, 1024,
-            symbol="γ"),
-        Key("bayes_interval", 25, "Bayesian optimization proposes the candidate every this many "
-            "optimization steps (random search otherwise; 0: random search only)", "int", 0,
-            None, symbol="β"),
-        Key("max_opt_iter", 1000, "most optimization steps per phase", "int", 1, None,
-            symbol="S"),
-        Key("max_tolerance_iter", 300, "end the phase after this many steps without a better "
-            "layer set", "int", 1, None),
-        Key("max_score", 0.95, "end the phase once the best layer set's matchness reaches this",
-            "float", 0.0, 1.0, low_open=True),
-        Key("stop_threshold", 0.8, "drafting stops when the draft's top-1 probability is below "
-            "it (confidence-aware drafting, §4.2)", "float", 0.0, 1.0),
-        Key("candidates_per_step", 1, "candidates scored per optimization step, in the same "
-            "forward as the current best layer set", "int", 1, 16),
-        Key("reoptimize_drop", 0.3, "re-enter optimization when the acceptance rate over the "
-            "last reoptimize_window verifications falls this far (relative) below the rate "
-            "right after optimizing; 0: never", "float", 0.0, 1.0, high_open=True),
-        Key("reoptimize_window", 256, "verifications the acceptance rate for re-entry is taken "
-            "over", "int", 4, 100000),
-        Key("skip_mask", None, "layer set to start from instead of the uniform one (file path "
-            "or inline {\"attention\": [...], \"mlp\": [...]}, e.g. from "
-            "tools/search_mask.py)", "mask"),
-        Key("skip_mask_key", None, "entry to use in a model-keyed mask file", "str"),
-        Key("cache_hit", False, "start from the layer set saved by an earlier run (mask_cache) "
-            "and skip the first optimization phase", "bool"),
-        Key("mask_cache", None, "file the best layer set is saved to when an optimization "
-            "phase ends (default: <cache>/swift/<arch>-<L>L-<fingerprint>.json)", "str"),
-        Key("seed", 0, "seed of the search and of the draft sampler", "int", 0, None),
-        Key("cost_gate", True, COMMON_KEYS[0].help + "; paused while optimizing", "bool"),
-    ),
+    options=SwiftOptions,
     check=lambda o: _check_swift(o),
 )
 
@@ -209,15 +163,7 @@ LAYERSKIP = Method(
     default_k=6,  # the LayerSkip README's --num_speculations 6
     summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
             "head (early exit), verified by the full model",
-    keys=(
-        Key("exit_layer", None, "E: the draft runs layers 0..E-1, then the final norm and LM "
-            "head (an integer in [1, L]; L drafts with the whole model). Default: a quarter of "
-            "the layers", "int", 1, None, symbol="E"),
-        Key("stop_threshold", 0.0, "drafting stops early when the draft's top-1 probability is "
-            "below it (0: always num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0),
-        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
-        *COMMON_KEYS,
-    ),
+    options=LayerSkipOptions,
 )
 
 
@@ -234,33 +180,15 @@ def _check_query_lengths(opts: dict[str, Any]) -> None:
             f"query_length ({opts['query_length']})")
 
 
-NG = ngrammys_defaults.DEFAULTS  # chosen with tools/ngrammys_calls.py on the dev split (README)
 NGRAMMYS = Method(
     name="ngrammys",
     aliases=("n-grammys", "n_grammys"),
     proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
     prepare="vllm_selfspec.plugin:resolve_bigram_table",
-    default_k=NG["width"],
+    default_k=DEFAULT_WIDTH,
     summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
             "(extended) bigram table; one chain of k candidate rows per step",
-    keys=(
-        Key("bigram_table", None, "bigram table from tools/build_bigram.py. Default: the table "
-            "cached for this model, else one is built at start-up and cached", "str"),
-        Key("num_rows", NG["num_rows"], "candidate rows per step (context matches first, "
-            "then bigram rows)", "int", 1, 64, symbol="k"),
-        Key("bigram_width", NG["bigram_width"], "width of the extended-bigram rows (at most "
-            "num_speculative_tokens, the width of context rows)", "int", 1, 128),
-        Key("query_length", NG["query_length"], "longest context query; shorter ones are tried "
-            "after it down to min_query_length", "int", 1, 16, symbol="q"),
-        Key("min_query_length", NG["min_query_length"], "shortest context query", "int", 1, 16),
-        Key("selection", NG["selection"], "which row becomes the chain: 'first' (the "
-            "paper's mixed order) or 'likelihood' (most likely under the bigram table)", "str",
-            choices=ngrammys_defaults.SELECTIONS),
-        Key("keep_rows", NG["keep_rows"], "keep unchosen rows; propose a kept row's rest "
-            "when the target's next tokens match its prefix", "bool"),
-        # Drafts cost almost nothing here, so the gate's plain windows only lose time.
-        Key("cost_gate", False, COMMON_KEYS[0].help, "bool"),
-    ),
+    options=NGrammysOptions,
     check=_check_query_lengths,
 )
 
@@ -272,14 +200,7 @@ CHIMERA = Method(
     default_k=None,  # the checkpoint's number of decoding heads
     summary="Chimera: a small trained draft model (trigram encoder, one encoder block, "
             "residual heads) over the target's own last-layer hidden states",
-    keys=(
-        Key("checkpoint", None, "Chimera checkpoint from tools/train_chimera.py. Default: the "
-            "checkpoint cached or shipped for this model (the embedded model has one)", "str"),
-        Key("stop_threshold", 0.0, "drafting stops early when the draft's top-1 probability is "
-            "below it (0: every head drafts)", "float", 0.0, 1.0),
-        Key("seed", 0, "seed of the draft sampler (temperature > 0)", "int", 0, None),
-        *COMMON_KEYS,
-    ),
+    options=ChimeraOptions,
 )
 
 METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS, CHIMERA)}

@@ -1,0 +1,62 @@
+"""Typed method options: one frozen dataclass per method, one home for each default.
+
+Each field is declared with ``option(default, help, kind, ...)``: its default, what it
+means (the README key tables are tested against these), the values it accepts and
+the paper's symbol. ``vllm_selfspec.methods`` turns the fields into the keys users
+may pass and validates them; proposers build their options once with ``build``
+from the validated keys (missing keys take the defaults).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+
+KINDS = ("float", "int", "bool", "str", "mask")
+
+
+def option(default: Any, help: str, kind: str, low: float | None = None,
+           high: float | None = None, *, low_open: bool = False, high_open: bool = False,
+           choices: tuple[Any, ...] | None = None, symbol: str = "") -> Any:
+    """A dataclass field that is also a user key."""
+    assert kind in KINDS, kind
+    meta = dict(help=help, kind=kind, low=low, high=high, low_open=low_open,
+                high_open=high_open, choices=choices, symbol=symbol)
+    return dataclasses.field(default=default, metadata={"option": meta})
+
+
+def option_fields(cls: type) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, default, metadata) of every user key of an options dataclass, in order."""
+    return [(f.name, f.default, f.metadata["option"]) for f in dataclasses.fields(cls)
+            if "option" in f.metadata]
+
+
+def build(cls: type[T], values: Mapping[str, Any]) -> T:
+    """``cls`` from the keys of ``values`` it knows (others are ignored: the glue's own)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonOptions:
+    """Keys every method takes."""
+
+    cost_gate: bool = option(
+        True, "time engine steps with and without drafting and draft only while drafting "
+        "produces tokens faster (steps back where the drafter cannot pay for itself)", "bool")
+    # vLLM's own key, kept in the speculative config; the proposers read it too
+    draft_sample_method: str = "probabilistic"
+
+    @property
+    def sample_drafts(self) -> bool:
+        """With temperature > 0, draw drafts from q and hand q to vLLM (else argmax)."""
+        return self.draft_sample_method == "probabilistic"
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSamplerOptions(CommonOptions):
+    """Keys of methods that sample their drafts from q when the request samples."""
+
+    seed: int = option(0, "seed of the draft sampler (temperature > 0)", "int", 0, None)
