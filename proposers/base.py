@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import numpy as np
 import torch
@@ -118,8 +118,15 @@ class Proposer(ABC):
     # The method's typed keys (proposers.options); ``self.cfg`` is built once from them.
     options_class: ClassVar[type] = CommonOptions
 
+    # Called by the proposer with (artifact, info) when it found something worth keeping
+    # for the next start (SWIFT's layer set); set by the glue where the user wants it saved.
+    artifact_saver: Callable[[Any, dict[str, Any]], None] | None = None
+
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens
+        # bumped whenever the drafter changes how it drafts (SWIFT's phases): measurements
+        # of the old drafter (the cost gate's) no longer apply
+        self.phase_changes = 0
         self.options = dict(options)  # validated keys plus what the glue resolved at start-up
         self.cfg: Any = build(self.options_class, options)
         self.stats: dict[str, float] = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
@@ -143,6 +150,16 @@ class Proposer(ABC):
 
     def finish(self, req_ids: set[str]) -> None:
         """Drop state of finished requests."""
+
+    @property
+    def optimizing(self) -> bool:
+        """True while the proposer drafts to learn (SWIFT's optimization phase): its drafts
+        must be verified, whatever they cost (the cost gate pauses)."""
+        return False
+
+    def report(self) -> dict[str, Any]:
+        """Method-specific state for tools (vllm_selfspec.control.drafter_stats)."""
+        return {}
 
     def describe(self) -> str:
         return type(self).__name__

@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -112,7 +112,6 @@ class SwiftProposer(SelfSpecProposer):
         self.reference: float | None = None  # acceptance rate right after optimizing
         self.phase = ACCELERATE if c.cache_hit else OPTIMIZE
         self.search: LayerSetSearch | None = None
-        self.phase_changes = 0
         self.round_robin = 0
         # the best set's matchness on each request's current window: req_id -> (start, score)
         self.best_on_window: dict[str, tuple[int, float]] = {}
@@ -120,7 +119,6 @@ class SwiftProposer(SelfSpecProposer):
         self.steps = 0
         self.events: list[dict[str, Any]] = []
         self.trace: list[tuple[int, float, float]] = []  # (step, best, best candidate)
-        self.mask_saver: Callable[[SkipMask, dict[str, Any]], None] | None = None
         self.stats.update({"opt_steps": 0, "opt_fresh_windows": 0, "opt_seconds": 0.0,
                            "opt_phases": 0, "bayes_suggestions": 0})
         self._event("start", phase=self.phase, mask=self.mask.describe())
@@ -171,8 +169,8 @@ class SwiftProposer(SelfSpecProposer):
         info = {"matchness": s.best_score, "iterations": s.iterations, "reason": s.stop_reason}
         self._event("accelerate", **info, mask=self.mask.describe())
         self.search = None
-        if self.mask_saver is not None:
-            self.mask_saver(self.mask, info)
+        if self.artifact_saver is not None:
+            self.artifact_saver(self.mask, info)
 
     def _event(self, kind: str, **info: Any) -> None:
         self.events.append({"event": kind, "step": self.steps, "finished_requests": self.finished,

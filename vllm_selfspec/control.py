@@ -23,15 +23,14 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     """Proposer counters, draft-exit threshold and draft forward timing."""
     d = _drafter(worker)
     out: dict[str, Any] = dict(d.proposer.stats)
-    view = getattr(d, "_view", None)
+    view = d.view
     if view is not None:
         out.update(view.timing)
     ex = getattr(d.proposer, "exit", None)
     if ex is not None:
         out["draft_exit_threshold"] = ex.threshold
     out["describe"] = d.proposer.describe()
-    if hasattr(d.proposer, "report"):
-        out.update(d.proposer.report())
+    out.update(d.proposer.report())
     gate = getattr(d, "gate", None)
     if gate is not None:
         out["cost_gate"] = {"rate": dict(gate.rate), "winner": gate.winner,
@@ -43,7 +42,7 @@ def reset_stats(worker: Any) -> None:
     d = _drafter(worker)
     for k in d.proposer.stats:
         d.proposer.stats[k] = 0
-    view = getattr(d, "_view", None)
+    view = d.view
     if view is not None:
         for k in view.timing:
             view.timing[k] = 0

@@ -82,7 +82,7 @@ class PluginDrafter:
             kwargs["model"] = load_checkpoint(opts["checkpoint_path"])
         self.proposer: Proposer = cls(self.k, kwargs)
         self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
-        self._view: Any = None
+        self.view: Any = None
         self._last_stats = time.monotonic()
         self.gate = CostGate() if opts.get("cost_gate", False) else None
         self._phase_changes = 0
@@ -123,16 +123,16 @@ class PluginDrafter:
 
     # ---- runner bridge (P3) ---------------------------------------------------------
     def _target_view(self, runner: Any) -> Any:
-        if self._view is None and (self.proposer.uses_target or self.proposer.uses_hidden_states):
+        if self.view is None and (self.proposer.uses_target or self.proposer.uses_hidden_states):
             from vllm_selfspec.target import HiddenStateView, TargetView
 
             view_cls = TargetView if self.proposer.uses_target else HiddenStateView
-            self._view = view_cls(runner, self.adapter)
-            self.proposer.bind(self._view)
-            if hasattr(self.proposer, "mask_saver") and self.opts.get("mask_cache"):
-                self.proposer.mask_saver = self._save_mask
+            self.view = view_cls(runner, self.adapter)
+            self.proposer.bind(self.view)
+            if self.opts.get("mask_cache"):
+                self.proposer.artifact_saver = self._save_mask
             logger.info("vllm_selfspec: %s", self.proposer.describe())
-        return self._view
+        return self.view
 
     @torch.inference_mode()
     def propose_with_runner(self, runner: Any, ctx: DraftContext
@@ -184,11 +184,11 @@ class PluginDrafter:
         gate afresh, since the layer set changed."""
         if self.gate is None:
             return True
-        changes = getattr(self.proposer, "phase_changes", 0)
+        changes = self.proposer.phase_changes
         if changes != self._phase_changes:
             self._phase_changes = changes
             self.gate = CostGate()
-        if getattr(self.proposer, "optimizing", False):
+        if self.proposer.optimizing:
             return True
         self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
                          decode_only(ctx.scheduler_output))

@@ -161,7 +161,7 @@ def test_phase_ends_with_the_best_set_and_saves_it():
     bad = {("attention", i) for i in range(1, L - 1)}  # skipping attention hurts
     p, t = make(FakeTarget(bad), skip_ratio=0.5, max_tolerance_iter=30, max_score=0.99)
     saved = []
-    p.mask_saver = lambda m, info: saved.append((m, info))
+    p.artifact_saver = lambda m, info: saved.append((m, info))
     for _ in range(200):
         p.propose(batch())
         if p.phase == ACCELERATE:
