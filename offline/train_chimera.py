@@ -37,8 +37,11 @@ from typing import Any
 import numpy as np
 
 DEFAULTS = dict(heads=4, draft_vocab=8192, head_kind="shared", epochs=2, lr=1e-3,
-                batch_tokens=4096, max_seq=768, distill_weight=1.0, warmup=0.01, held_out=64,
+                batch_tokens=4096, max_seq=768, distill_weight=1.0, warmup=0.01, held_out=256,
                 weight_decay=0.0)
+
+
+EVAL_EVERY = 50  # fewest training steps between two held-out evaluations
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest prompt+response trained on (longer ones keep their end)")
     p.add_argument("--distill-weight", type=float, default=DEFAULTS["distill_weight"])
     p.add_argument("--held-out", type=int, default=DEFAULTS["held_out"],
-                   help="held-out prompts for Table 5")
+                   help="prompts set aside for Table 5 (never trained on)")
+    p.add_argument("--held-out-tokens", type=int, default=16384,
+                   help="answer tokens of the held-out prompts that Table 5 is measured on")
     p.add_argument("--max-response-tokens", type=int, default=256)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
@@ -236,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 1-3: data
     print(f"[1/6] prompts: ShareGPT first turns ({args.labels} responses)")
     convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
-    held_tokens = max(256, args.tokens // 20)
+    held_tokens = args.held_out_tokens
     if args.labels == "self":
         bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
                    unit="tok")
@@ -290,8 +295,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     per_epoch = len(train.batches(args.batch_tokens, args.max_seq, None))
     total_steps = max(1, int(round(per_epoch * args.epochs)))
     step, log, trained_s = 0, [], 0.0
-    state_path = work / "trainer-state.pt"
-    log_path = work / "train.log.jsonl"
+    # per checkpoint: several runs may share one work folder (and its data)
+    state_path = work / f"{out.stem}.trainer-state.pt"
+    log_path = work / f"{out.stem}.train.log.jsonl"
     if args.resume and state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
@@ -330,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "ce": [round(float(c.detach()), 4) for c in outp.ce],
                "mse": round(float(outp.mse.detach()), 5),
                "lr": opt.param_groups[0]["lr"]}
-        if step % max(1, total_steps // 8) == 0 or step == total_steps:
+        if step % max(EVAL_EVERY, total_steps // 8) == 0 or step == total_steps:
             rec["eval"] = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
             bar.write(f"step {step}: held-out top-1 per head "
                       f"{[h[0] for h in rec['eval']['top_k']]}")
@@ -351,7 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 6: evaluation and the checkpoint
     final = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
-    plot_losses(log, work / "loss.png", cfg.num_heads)
+    plot_losses(log, work / f"{out.stem}.loss.png", cfg.num_heads)
     training = {
         "command": "python tools/train_chimera.py " + shlex.join(
             sys.argv[1:] if argv is None else argv),
@@ -369,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     save_checkpoint(out, model, stamp, training)
     report = {"checkpoint": str(out), "config": cfg.to_json(), "training": training}
-    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (work / f"{out.stem}.report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"[6/6] wrote {out}; held-out top-1..5 per head:")
     for i, row in enumerate(final["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in row))

@@ -311,7 +311,8 @@ class ChimeraDraftModel(nn.Module):
         """Per head i, (positions [B, T] bool, z [n, H], logits [n, N]) at the query
         positions p with ``select`` (default all) and p >= i + 1, with the mask drafting
         meets: g_p attends to h_{<=p-1-i} and g_{<=p}; head i's input is [h_{p-1-i}; z_p].
-        ``tokens`` [B, T], ``hidden`` [B, T, H] the target's final-norm states."""
+        ``tokens`` [B, T], ``hidden`` [B, T, H] the target's final-norm states. Only the
+        selected positions run the block's query path (training: the answer tokens)."""
         b, t = tokens.shape
         dev = tokens.device
         pos = torch.arange(t, device=dev).expand(b, t)
@@ -320,18 +321,30 @@ class ChimeraDraftModel(nn.Module):
         kh, vh = self.block.kv(hidden, pos)
         kg, vg = self.block.kv(g, pos)
         k, v = torch.cat([kh, kg], dim=1), torch.cat([vh, vg], dim=1)
-        p = torch.arange(t, device=dev).unsqueeze(1)
-        j = torch.arange(t, device=dev).unsqueeze(0)
         if select is None:
             select = torch.ones(b, t, dtype=torch.bool, device=dev)
+        # pack each row's selected positions to the left: queries [B, Q]
+        counts = select.sum(dim=1)
+        q_len = max(1, int(counts.max()))
+        rows, cols = select.nonzero(as_tuple=True)
+        rank = torch.arange(rows.numel(), device=dev) - (counts.cumsum(0) - counts)[rows]
+        q_pos = torch.zeros(b, q_len, dtype=torch.long, device=dev)
+        q_pos[rows, rank] = cols
+        q_valid = torch.zeros(b, q_len, dtype=torch.bool, device=dev)
+        q_valid[rows, rank] = True
+        gq = g.gather(1, q_pos.unsqueeze(-1).expand(b, q_len, g.shape[-1]))
+        j = torch.arange(t, device=dev).view(1, 1, t)
+        qp = q_pos.unsqueeze(-1)
         out = []
         for i in range(self.cfg.num_heads):
-            z = self.encode(g, pos, k, v, torch.cat([j <= p - 1 - i, j <= p], dim=1))
-            where = select & (p.squeeze(1) >= i + 1).unsqueeze(0)
-            h_last = torch.zeros_like(hidden)
-            h_last[:, i + 1:] = hidden[:, : t - i - 1]
-            zs = z[where]
-            out.append((where, zs, self.head_logits(i, h_last[where], zs)))
+            mask = torch.cat([j <= qp - 1 - i, j <= qp], dim=-1).unsqueeze(1)  # [B, 1, Q, 2T]
+            z = self.encode(gq, q_pos, k, v, mask)[q_valid]  # [n, H], in select's order
+            keep = cols >= i + 1
+            where = torch.zeros_like(select)
+            where[rows[keep], cols[keep]] = True
+            zs = z[keep]
+            h_last = hidden[rows[keep], cols[keep] - 1 - i]
+            out.append((where, zs, self.head_logits(i, h_last, zs)))
         return out
 
     def train_forward(self, tokens: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,

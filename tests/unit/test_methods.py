@@ -57,3 +57,14 @@ def test_num_speculative_tokens_and_foreign_keys():
 def test_lookup():
     assert methods.lookup("draft_verify") is methods.SELFSPEC
     assert methods.lookup("ngram") is None and methods.lookup(None) is None
+
+
+def test_bench_groups_keep_a_baseline_in_every_group():
+    from vllm_selfspec.offline import bench
+
+    entries = bench.parse_methods("baseline,ngram,a=ngrammys,b=ngrammys,c=chimera", [])
+    assert bench.engine_groups(entries, 8) == [entries]
+    groups = bench.engine_groups(entries, 3)
+    assert [[e.label for e in g] for g in groups] == [["baseline", "ngram", "a"],
+                                                      ["baseline", "b", "c"]]
+    assert groups[0][0] is entries[0] and groups[1][0] is not entries[0]  # its own engine

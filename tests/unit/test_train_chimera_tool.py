@@ -12,7 +12,7 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     out = tmp_path / "c.safetensors"
     args = ["--model", small_vocab_model_path, "--tokens", "400", "--out", str(out),
             "--labels", "teacher-forced", "--heads", "2", "--draft-vocab", "256",
-            "--epochs", "1", "--held-out", "4", "--batch-tokens", "1024", "--max-seq", "256"]
+            "--epochs", "1", "--held-out", "4", "--held-out-tokens", "200", "--batch-tokens", "1024", "--max-seq", "256"]
     report = train_chimera.main(args)
     stamp = stamp_from_path(small_vocab_model_path)
     meta = check_checkpoint(out, stamp)
@@ -23,8 +23,8 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     model = load_checkpoint(out, stamp)
     assert model.cfg.num_heads == 2 and model.draft_ids.numel() == 256
     work = tmp_path / "c.safetensors.work"
-    assert (work / "loss.png").exists() and (work / "report.json").exists()
-    assert json.loads((work / "report.json").read_text())["checkpoint"] == report["checkpoint"]
+    assert (work / "c.loss.png").exists() and (work / "c.report.json").exists()
+    assert json.loads((work / "c.report.json").read_text())["checkpoint"] == report["checkpoint"]
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
