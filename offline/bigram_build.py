@@ -172,6 +172,27 @@ def default_prefix(model_path: str) -> list[int]:
     return [int(i) for i in ids[-1:]]
 
 
+class _LoggedProgress:
+    """Progress of a start-up build in the log (no terminal to draw a bar on in a server):
+    an estimate after the first batches, then every ~10%."""
+
+    def __init__(self, total: int, every: float = 0.1) -> None:
+        self.total, self.every = total, every
+
+    def __call__(self, batches: Iterable[Any]) -> Iterable[Any]:
+        t0 = time.perf_counter()
+        batches = list(batches)
+        step = max(1, int(len(batches) * self.every))
+        for i, b in enumerate(batches):
+            yield b
+            done = i + 1
+            if done == min(2, len(batches)) or done % step == 0:
+                dt = time.perf_counter() - t0
+                left = dt / done * (len(batches) - done)
+                logger.warning("vllm_selfspec: bigram table %d%% built (%.0f s so far, about %.0f s "
+                               "left)", 100 * done // len(batches), dt, left)
+
+
 def table_for_model(model_path: str, stamp: ModelStamp) -> Path:
     """The cached table of this model (``artifact_path("bigram", stamp)``: built on first
     use, or put there by ``tools/build_bigram.py --install``), built now (default
@@ -183,12 +204,15 @@ def table_for_model(model_path: str, stamp: ModelStamp) -> Path:
         return path
     if path is None:
         path = cache_dir() / "bigram" / (Path(model_path.rstrip("/")).name + ".safetensors")
-    logger.info("vllm_selfspec: no bigram_table given and none cached for this model; building "
-                "one now from the model's weights (one single-token forward per vocabulary "
-                "entry; %d tokens). It is cached at %s and reused next time.",
-                stamp.vocab_size, path)
+    logger.warning("vllm_selfspec: no bigram_table given and none cached for this model; "
+                   "building one now from the model's weights (one single-token forward per "
+                   "vocabulary entry: %d tokens) before the engine starts. It is cached at %s "
+                   "and reused next time. To build it ahead (on a GPU or a Ray cluster): "
+                   "python tools/build_bigram.py --model %s --install [--device cuda | --ray]",
+                   stamp.vocab_size, path, model_path)
     model = load_model(model_path)
-    table = build_table(model, TableSpec(prefix=default_prefix(model_path)), name=model_path)
+    table = build_table(model, TableSpec(prefix=default_prefix(model_path)), name=model_path,
+                        progress=_LoggedProgress(stamp.vocab_size))
     table.save(path)
     logger.info("vllm_selfspec: built the bigram table in %.1f s", table.meta["build_seconds"])
     return path
