@@ -114,6 +114,9 @@ class Proposer(ABC):
     uses_target: ClassVar[bool] = False
     # The drafter reads the target's last-layer hidden states (DraftBatch.states).
     uses_hidden_states: ClassVar[bool] = False
+    # ``track(batch)`` must see the steps the cost gate keeps plain too (Chimera takes in the
+    # target's states, SWIFT optimizes its layer set).
+    tracks_steps: ClassVar[bool] = False
 
     # The method's typed keys (proposers.options); ``self.cfg`` is built once from them.
     options_class: ClassVar[type] = CommonOptions
@@ -145,17 +148,11 @@ class Proposer(ABC):
             self.stats["accepted"] += r.accepted
 
     def track(self, batch: DraftBatch) -> None:
-        """A step that drafts nothing (cost gate, drafting off): keep per-request state
-        current (Chimera takes in the target's states)."""
+        """A step that drafts nothing (cost gate, drafting off), for proposers with
+        ``tracks_steps``: keep per-request state current."""
 
     def finish(self, req_ids: set[str]) -> None:
         """Drop state of finished requests."""
-
-    @property
-    def optimizing(self) -> bool:
-        """True while the proposer drafts to learn (SWIFT's optimization phase): its drafts
-        must be verified, whatever they cost (the cost gate pauses)."""
-        return False
 
     def report(self) -> dict[str, Any]:
         """Method-specific state for tools (vllm_selfspec.control.drafter_stats)."""

@@ -113,6 +113,7 @@ class ChimeraProposer(Proposer):
     """Method ``chimera``: the trained draft model over the target's hidden states."""
 
     uses_hidden_states = True
+    tracks_steps = True
     options_class = ChimeraOptions
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:

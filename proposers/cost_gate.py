@@ -1,22 +1,31 @@
-"""Cost gate: draft only while drafting pays for itself, measured on this machine.
+"""Cost gate: draft only as much as drafting pays for itself on this machine.
 
-None of the papers needs this: on their GPUs a layer-skip draft token costs a
-small fraction of a decode step. On 2 CPU cores a draft token costs 0.8·f + 0.16
-decode steps and verifying k tokens costs more than one step (tools/draft_cost.py
-measures both), so a drafter whose acceptance is too low makes
-decoding slower than plain decoding. The gate notices and steps back.
+None of the papers needs this: on their GPUs a draft token costs a small fraction of a
+decode step. On 2 CPU cores a layer-skip draft token costs 0.2-1.25 decode steps
+while verifying one more token costs ~0.03, so a drafter whose acceptance is too low
+makes decoding slower than plain decoding. The gate notices and steps back, at a cost
+of about 1% of the time when it cannot win.
 
-It times engine steps in windows of W decode steps. A cycle is
-[W steps without drafts][W steps with drafts][E·W steps with the faster arm],
-E doubling (up to a cap) while the same arm keeps winning;
-throughput is generated tokens per second of decode-only steps (steps doing
-prefill work are not counted). A step's tokens and duration are credited to the
-arm chosen at the previous step (drafts made then are verified now). Estimates
-are smoothed over cycles (EMA) so one noisy window does not flip the decision.
+It predicts instead of timing whole windows of drafted steps. Per engine step it
+learns, from the steps themselves:
+
+* t0, the plain step (steps that verified nothing and followed no drafting);
+* c_d, the drafter's own time per draft token (timed around the draft call);
+* c_v, the extra step time per verified draft token (prior: 0.03 t0);
+* a_i, the acceptance of draft position i given positions < i were accepted
+  (Beta counts that slowly forget, so they follow the text).
+
+and drafts the d that maximizes the expected token rate
+``(1 + sum_{i<=d} prod_{j<=i} a_j) / (t0 + d (c_d + c_v))`` when that beats plain
+decoding (1 / t0) by ``margin``; acceptance uses an upper confidence bound, so
+positions seldom drafted keep being tried. While plain decoding wins, one probe step
+drafts a single token every P steps (P doubling, up to ``max_probe_every``), which
+keeps a_1 and c_d current for a few hundredths of a step each time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 DRAFT, PLAIN = "draft", "plain"
@@ -24,93 +33,139 @@ DRAFT, PLAIN = "draft", "plain"
 
 @dataclass
 class CostGateConfig:
-    window: int = 16  # W: decode steps per measurement window
-    exploit_windows: int = 8  # E: windows on the winning arm before measuring again
-    max_exploit_windows: int = 64  # E doubles while the same arm keeps winning (back-off)
-    smoothing: float = 0.5  # weight of the newest measurement in the EMA
-    margin: float = 1.0  # draft when rate(draft) > margin * rate(plain)
+    verify_cost: float = 0.03  # prior c_v / t0 (measured on SmolLM2, 2 cores: +0.031)
+    prior_accept: float = 0.5  # Beta prior mean of a_i ...
+    prior_weight: float = 2.0  # ... worth this many observations
+    forget: float = 0.995  # acceptance counts decay by this per verification
+    timing_weight: float = 0.1  # EMA weight of a new timing sample
+    ucb: float = 1.0  # standard deviations of optimism on a_i
+    margin: float = 0.02  # draft when the predicted rate beats plain by this share
+    warmup_steps: int = 4  # plain steps before the first probe (to know t0)
+    probe_every: int = 8  # P: steps between probes while plain decoding wins ...
+    max_probe_every: int = 512  # ... doubling up to this
+    history: int = 4096  # decisions kept for plots (step, drafts, predicted gain)
 
 
 @dataclass
-class _Window:
-    tokens: int = 0
-    seconds: float = 0.0
-    steps: int = 0
+class _Beta:
+    hits: float = 0.0
+    tries: float = 0.0
 
 
 @dataclass
 class CostGate:
+    """Per-engine gate; ``k`` is the most drafts a step may have."""
+
+    k: int = 8
     cfg: CostGateConfig = field(default_factory=CostGateConfig)
 
     def __post_init__(self) -> None:
-        self.rate: dict[str, float | None] = {DRAFT: None, PLAIN: None}
-        self.windows: dict[str, _Window] = {DRAFT: _Window(), PLAIN: _Window()}
-        self.phase = PLAIN  # measuring plain first
-        self.phase_steps = 0
-        self.exploiting = False
-        self.last_arm: str | None = None
+        self.t0: float | None = None  # seconds per plain decode step
+        self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
+        self.c_verify: float | None = None  # extra seconds per verified draft token
+        self.accept = [_Beta() for _ in range(self.k)]
+        self.steps = 0
         self.last_time: float | None = None
-        self.streak = 0  # cycles in a row the same arm won
-        self.last_winner: str | None = None
-        self.history: list[tuple[str, float]] = []  # (arm, tokens/s) per finished window
+        self.last_drafts = 0  # draft tokens proposed at the previous call
+        self.last_draft_seconds = 0.0
+        self.probe_every = self.cfg.probe_every
+        self.next_probe = self.cfg.warmup_steps
+        self.decision = 0
+        self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
+
+    # ---- measurements ----------------------------------------------------------------------
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.cfg.timing_weight * (new - old)
+
+    def record(self, now: float, decode_only: bool, verified: int) -> None:
+        """Start of a drafting call: ``verified`` draft tokens were verified by the step
+        that just ran; ``decode_only`` is False when it did prefill work (not timed)."""
+        if self.last_time is not None and decode_only:
+            dt = now - self.last_time
+            if verified == 0 and self.last_drafts == 0:
+                self.t0 = self._ema(self.t0, dt)
+            elif verified > 0 and self.t0 is not None:
+                extra = (dt - self.last_draft_seconds - self.t0) / verified
+                self.c_verify = self._ema(self.c_verify, max(0.0, extra))
+        self.last_time = now
+        self.steps += 1
+
+    def drafted(self, tokens: int, seconds: float) -> None:
+        """The drafting call proposed ``tokens`` draft tokens in ``seconds``."""
+        self.last_drafts = tokens
+        self.last_draft_seconds = seconds
+        if tokens > 0:
+            self.c_draft = self._ema(self.c_draft, seconds / tokens)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verification: positions 0..drafted-1 were tried in order, ``accepted`` kept."""
+        for b in self.accept:
+            b.hits *= self.cfg.forget
+            b.tries *= self.cfg.forget
+        for i in range(min(drafted, self.k)):
+            if i > accepted:
+                break
+            self.accept[i].tries += 1
+            self.accept[i].hits += float(i < accepted)
+
+    # ---- decision ----------------------------------------------------------------------------
+    def acceptance(self, i: int, optimistic: bool = True) -> float:
+        c, b = self.cfg, self.accept[i]
+        n = b.tries + c.prior_weight
+        mean = (b.hits + c.prior_accept * c.prior_weight) / n
+        if not optimistic:
+            return mean
+        return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
+
+    def predicted_gain(self, d: int, optimistic: bool = True) -> float:
+        """Expected token rate with d drafts over plain decoding's (1.0 = break even)."""
+        if d == 0 or self.t0 is None or self.c_draft is None:
+            return 1.0
+        cv = self.c_verify if self.c_verify is not None else self.cfg.verify_cost * self.t0
+        tokens, run = 1.0, 1.0
+        for i in range(d):
+            run *= self.acceptance(i, optimistic)
+            tokens += run
+        return tokens / (1.0 + d * (self.c_draft + cv) / self.t0)
+
+    def best(self) -> tuple[int, float]:
+        """(d, predicted gain) of the best number of drafts (0 when none pays)."""
+        best_d, best_g = 0, 1.0
+        for d in range(1, self.k + 1):
+            g = self.predicted_gain(d)
+            if g > best_g:
+                best_d, best_g = d, g
+        return (best_d, best_g) if best_g > 1.0 + self.cfg.margin else (0, best_g)
+
+    def plan(self) -> int:
+        """Most drafts this step may have: d* when drafting pays, 1 on a probe step, else 0."""
+        if self.t0 is None or self.steps <= self.cfg.warmup_steps:
+            d, gain = 0, 1.0
+        elif self.c_draft is None:
+            d, gain = 1, 1.0  # first probe: learn what a draft token costs
+        else:
+            d, gain = self.best()
+            if d > 0:
+                self.probe_every = self.cfg.probe_every
+            elif self.steps >= self.next_probe:
+                d = 1
+                self.next_probe = self.steps + self.probe_every
+                self.probe_every = min(2 * self.probe_every, self.cfg.max_probe_every)
+        self.decision = d
+        if len(self.history) < self.cfg.history:
+            self.history.append((self.steps, d, round(gain, 4)))
+        return d
 
     @property
     def winner(self) -> str:
-        d, p = self.rate[DRAFT], self.rate[PLAIN]
-        if d is None or p is None:
-            return DRAFT
-        return DRAFT if d > self.cfg.margin * p else PLAIN
-
-    def record(self, now: float, tokens: int, decode_only: bool) -> None:
-        """Called at the start of every engine step's drafting with the tokens the
-        step emitted; credits them to the arm used one step earlier."""
-        if self.last_arm is not None and self.last_time is not None and decode_only and tokens > 0:
-            w = self.windows[self.last_arm]
-            w.tokens += tokens
-            w.seconds += now - self.last_time
-            w.steps += 1
-        self.last_time = now
-
-    def should_draft(self) -> bool:
-        """The arm for this step (advances the schedule)."""
-        if self.exploiting:
-            arm = self.winner
-            self.phase_steps += 1
-            if self.phase_steps >= self.exploit_windows * self.cfg.window:
-                self.exploiting, self.phase, self.phase_steps = False, PLAIN, 0
-                self.windows = {DRAFT: _Window(), PLAIN: _Window()}  # measure afresh
-        else:
-            arm = self.phase
-            if self.windows[arm].steps >= self.cfg.window:
-                self._close(arm)
-                if arm == PLAIN:
-                    self.phase = DRAFT
-                else:
-                    self.exploiting, self.phase_steps = True, 0
-                    w = self.winner
-                    self.streak = self.streak + 1 if w == self.last_winner else 0
-                    self.last_winner = w
-                arm = self.winner if self.exploiting else self.phase
-        self.last_arm = arm
-        return arm == DRAFT
-
-    @property
-    def exploit_windows(self) -> int:
-        return min(self.cfg.exploit_windows * 2 ** self.streak, self.cfg.max_exploit_windows)
-
-    def _close(self, arm: str) -> None:
-        w = self.windows[arm]
-        if w.seconds > 0:
-            r = w.tokens / w.seconds
-            old = self.rate[arm]
-            a = self.cfg.smoothing
-            self.rate[arm] = r if old is None else a * r + (1 - a) * old
-            self.history.append((arm, r))
-        self.windows[arm] = _Window()
+        return DRAFT if self.best()[0] > 0 else PLAIN
 
     def describe(self) -> str:
-        def fmt(x: float | None) -> str:
-            return "?" if x is None else f"{x:.1f}"
-
-        return (f"cost gate: {fmt(self.rate[DRAFT])} tok/s drafting vs {fmt(self.rate[PLAIN])} "
-                f"plain -> {self.winner}")
+        if self.t0 is None or self.c_draft is None:
+            return "cost gate: measuring"
+        d, g = self.best()
+        cv = self.c_verify if self.c_verify is not None else self.cfg.verify_cost * self.t0
+        return (f"cost gate: plain step {1000 * self.t0:.1f} ms, draft token "
+                f"{self.c_draft / self.t0:.2f} steps, verify +{cv / self.t0:.3f}, acceptance "
+                f"{[round(self.acceptance(i, False), 2) for i in range(min(4, self.k))]} -> "
+                f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")

@@ -44,8 +44,8 @@ class CommonOptions:
     """Keys every method takes."""
 
     cost_gate: bool = option(
-        True, "time engine steps with and without drafting and draft only while drafting "
-        "produces tokens faster (steps back where the drafter cannot pay for itself)", "bool")
+        True, "predict the token rate from the measured draft cost and acceptance; draft only, "
+        "and only as many tokens, as pays (steps back where the drafter cannot pay)", "bool")
     # vLLM's own key, kept in the speculative config; the proposers read it too
     draft_sample_method: str = "probabilistic"
 

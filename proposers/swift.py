@@ -91,9 +91,10 @@ class SwiftOptions(CommonOptions):
     mask_cache: str | None = option(
         None, "file the best layer set is saved to when an optimization phase ends (default: "
         "<cache>/swift/<arch>-<L>L-<fingerprint>.json)", "str")
-    cost_gate: bool = option(True, "time engine steps with and without drafting and draft only "
-                             "while drafting produces tokens faster (steps back where the drafter "
-                             "cannot pay for itself); paused while optimizing", "bool")
+    optimization_budget: float = option(
+        0.02, "share of engine time the optimization steps may take: a step runs only while "
+        "the optimizer's time so far is under this share of the time served (the phase takes "
+        "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
 
 
@@ -101,6 +102,7 @@ class SwiftProposer(SelfSpecProposer):
     """Method ``swift``."""
 
     options_class = SwiftOptions
+    tracks_steps = True
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
@@ -119,7 +121,9 @@ class SwiftProposer(SelfSpecProposer):
         self.steps = 0
         self.events: list[dict[str, Any]] = []
         self.trace: list[tuple[int, float, float]] = []  # (step, best, best candidate)
+        self._last_call: float | None = None
         self.stats.update({"opt_steps": 0, "opt_fresh_windows": 0, "opt_seconds": 0.0,
+                           "served_seconds": 0.0,
                            "opt_phases": 0, "bayes_suggestions": 0})
         self._event("start", phase=self.phase, mask=self.mask.describe())
 
@@ -223,11 +227,25 @@ class SwiftProposer(SelfSpecProposer):
             self._end_optimization()
 
     # ---- vLLM-facing -----------------------------------------------------------------------
+    def _within_budget(self) -> bool:
+        """Engine time served so far (gaps over a second are idle time, not counted) and
+        whether the optimizer's share of it is under ``optimization_budget``."""
+        now = time.perf_counter()
+        if self._last_call is not None:
+            self.stats["served_seconds"] += min(now - self._last_call, 1.0)
+        self._last_call = now
+        return self.stats["opt_seconds"] <= self.cfg.optimization_budget * \
+            self.stats["served_seconds"]
+
+    def track(self, batch: DraftBatch) -> None:
+        """A step the cost gate keeps plain still optimizes, within the budget."""
+        self.steps += 1
+        if self._within_budget() and self.phase == OPTIMIZE and batch.requests:
+            self.optimization_step(batch)
+
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
-        self.steps += 1
-        if self.phase == OPTIMIZE and batch.requests:
-            self.optimization_step(batch)
+        self.track(batch)
         return super().propose(batch)
 
     def observe(self, results: list[Verification]) -> None:

@@ -33,8 +33,11 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     out.update(d.proposer.report())
     gate = getattr(d, "gate", None)
     if gate is not None:
-        out["cost_gate"] = {"rate": dict(gate.rate), "winner": gate.winner,
-                            "windows": [list(h) for h in gate.history]}
+        out["cost_gate"] = {
+            "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "verify_token_s": gate.c_verify,
+            "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],
+            "winner": gate.winner, "describe": gate.describe(),
+            "decisions": [list(h) for h in gate.history]}
     return out
 
 
@@ -87,7 +90,7 @@ def set_cost_gate(worker: Any, enabled: bool) -> None:
     from vllm_selfspec.proposers.cost_gate import CostGate
 
     d = _drafter(worker)
-    d.gate = CostGate() if enabled else None
+    d.gate = CostGate(k=d.k) if enabled else None
 
 
 def set_draft_exit(worker: Any, threshold: float, adaptive: bool) -> None:

@@ -84,7 +84,7 @@ class PluginDrafter:
         self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
         self.view: Any = None
         self._last_stats = time.monotonic()
-        self.gate = CostGate() if opts.get("cost_gate", False) else None
+        self.gate = CostGate(k=self.k) if opts.get("cost_gate", False) else None
         self._phase_changes = 0
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
@@ -139,16 +139,19 @@ class PluginDrafter:
                             ) -> tuple[list[list[int]], torch.Tensor | None]:
         finished = getattr(ctx.scheduler_output, "finished_req_ids", None)
         try:
-            self.proposer.observe(read_feedback(ctx))
+            results = read_feedback(ctx)
+            self.proposer.observe(results)
             if finished:
                 self.proposer.finish(set(finished))
-            draft = self.drafting and self._gate_allows_drafting(ctx)
-            if not draft and not self.proposer.uses_hidden_states:
+            limit = self._gate_limit(ctx, results) if self.drafting else 0
+            if limit == 0 and not self.proposer.tracks_steps:
+                self._drafted(0, 0.0)
                 return [[] for _ in ctx.req_ids], None
             view = self._target_view(runner)
             if view is not None and hasattr(view, "begin_step"):
                 view.begin_step(ctx.common_attn_metadata)
-            batch = DraftBatch(req_ids=ctx.req_ids, requests=draft_requests(runner, ctx, self.k),
+            requests = draft_requests(runner, ctx, min(self.k, limit) if limit else self.k)
+            batch = DraftBatch(req_ids=ctx.req_ids, requests=requests,
                                token_ids=runner.input_batch.token_ids_cpu,
                                num_tokens=runner.input_batch.num_tokens_no_spec,
                                states=target_states(ctx) if self.proposer.uses_hidden_states
@@ -158,11 +161,14 @@ class PluginDrafter:
                      "step failed (%s: %s); drafting nothing for this step.", type(e).__name__, e,
                      exc_info=True)
             return [[] for _ in ctx.req_ids], None
-        if not draft:
+        t0 = time.perf_counter()
+        if limit == 0:
             # a step without drafts: proposers that track the target's states keep them
             safe_propose(self.proposer, batch, draft=False)
+            self._drafted(0, 0.0)
             return [[] for _ in ctx.req_ids], None
         proposal = safe_propose(self.proposer, batch)
+        self._drafted(sum(len(d) for d in proposal.drafts), time.perf_counter() - t0)
         self._maybe_log_stats()
         return proposal.drafts, proposal.probs
 
@@ -178,21 +184,24 @@ class PluginDrafter:
             log_once(logging.WARNING, "swift-save", "vllm_selfspec: could not save the swift "
                      "layer set to %s (%s)", path, e)
 
-    def _gate_allows_drafting(self, ctx: DraftContext) -> bool:
-        """The cost gate's verdict for this step. SWIFT's optimization phase pauses
-        the gate (its steps must run to find a layer set); a new phase starts the
-        gate afresh, since the layer set changed."""
+    def _gate_limit(self, ctx: DraftContext, results: list[Any]) -> int:
+        """Most drafts per request this step (0: none), by the cost gate. A new phase of
+        the proposer (SWIFT's) starts the gate afresh, since the drafter changed."""
         if self.gate is None:
-            return True
+            return self.k
         changes = self.proposer.phase_changes
         if changes != self._phase_changes:
             self._phase_changes = changes
-            self.gate = CostGate()
-        if self.proposer.optimizing:
-            return True
-        self.gate.record(time.perf_counter(), sum(len(s) for s in ctx.sampled_token_ids),
-                         decode_only(ctx.scheduler_output))
-        return self.gate.should_draft()
+            self.gate = CostGate(k=self.k)
+        self.gate.record(time.perf_counter(), decode_only(ctx.scheduler_output),
+                         sum(r.drafted for r in results))
+        for r in results:
+            self.gate.observe(r.drafted, r.accepted)
+        return self.gate.plan()
+
+    def _drafted(self, tokens: int, seconds: float) -> None:
+        if self.gate is not None:
+            self.gate.drafted(tokens, seconds)
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

@@ -112,8 +112,9 @@ def batch(outputs=(40,), position=100):
 
 
 def make(target=None, **opts):
+    # optimization_budget 1.0: every step may optimize (the budget has its own test)
     p = SwiftProposer(4, {"context_window": 8, "bayes_interval": 0, "max_tolerance_iter": 5,
-                          "max_opt_iter": 50, **opts})
+                          "max_opt_iter": 50, "optimization_budget": 1.0, **opts})
     t = target or FakeTarget()
     p.bind(t)
     return p, t
@@ -189,6 +190,29 @@ def test_reenters_optimization_when_acceptance_drops():
     q, _ = make(cache_hit=True, reoptimize_window=4, reoptimize_drop=0.0)
     q.observe([Verification("a", 4, 4)] * 4 + [Verification("a", 4, 0)] * 8)
     assert q.phase == ACCELERATE
+
+
+def test_optimization_stays_within_its_share_of_engine_time(monkeypatch):
+    """Each optimization step costs 10 ms here; engine steps take 50 ms. With a 2% budget
+    the optimizer runs about one step in 10, and its time stays under 2% (+ one step)."""
+    import vllm_selfspec.proposers.swift as sw
+
+    clock = [0.0]
+    monkeypatch.setattr(sw.time, "perf_counter", lambda: clock[0])
+
+    class SlowTarget(FakeTarget):
+        def score_masks(self, windows, masks):
+            clock[0] += 0.01
+            return super().score_masks(windows, masks)
+
+    p, _ = make(target=SlowTarget(), optimization_budget=0.02, max_tolerance_iter=10_000,
+                max_opt_iter=10_000)
+    for _ in range(1000):
+        p.track(batch(outputs=(40,)))
+        clock[0] += 0.05
+    steps = p.stats["opt_steps"]
+    assert 80 <= steps <= 110, steps  # 2% of 50 s served is 1 s: ~100 steps of 10 ms
+    assert p.stats["opt_seconds"] <= 0.02 * p.stats["served_seconds"] + 0.011
 
 
 def test_report_is_json():
