@@ -25,7 +25,25 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     work = tmp_path / "c.safetensors.work"
     assert (work / "c.loss.png").exists() and (work / "c.report.json").exists()
     assert json.loads((work / "c.report.json").read_text())["checkpoint"] == report["checkpoint"]
+    from vllm_selfspec.offline import chimera_eval
+
+    ev = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path])
+    assert ev["chains"] > 0 and len(ev["table5"]["top_k"]) == 2
+    assert {r["heads"] for r in ev["expected"]} == {1, 2}
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
     assert again["training"]["steps"] == steps
+
+
+def test_expected_speedup_of_chains():
+    import numpy as np
+
+    from vllm_selfspec.offline.chimera_eval import expected
+
+    correct = np.array([[1, 1, 0], [0, 1, 1], [1, 1, 1]], dtype=bool)
+    conf = np.array([[0.9, 0.8, 0.1], [0.9, 0.9, 0.9], [0.9, 0.2, 0.9]])
+    e = expected(correct, conf, threshold=0.5, heads=3, draft_cost=0.1, verify_cost=0.0)
+    # drafted: 3, 3, 2; accepted: 2, 0, 2 -> tokens 1 + 4/3, drafts 8/3
+    assert e["tokens_per_step"] == round(1 + 4 / 3, 4) and e["drafts_per_step"] == round(8 / 3, 4)
+    assert abs(e["speedup"] - (1 + 4 / 3) / (1 + 0.8 / 3)) < 1e-3
