@@ -26,7 +26,8 @@ everything, a frozen-base typo):
   the projection: three times the weights, and a draft token's cost on a CPU is the
   bytes of weights it reads (SmolLM2: 12 MB of 31 MB would be that block).
 * Heads. ``head_kind="shared"`` (default): head i is a 2H->H projection P_i
-  (initialised to [I/2 | I/2]) followed by the target's own LM head restricted to
+  (initialised to [0 | I]: the target's LM head on z, which eq. 6 pulls toward the
+  target's state at the same position) followed by the target's own LM head restricted to
   a draft vocabulary (``proposers.draft_vocab``); nothing vocabulary-sized is
   trained or stored. ``head_kind="paper"``: head i is its own 2H->V linear,
   initialised to [W_lm | W_lm] as the authors' code does (234M parameters per
@@ -244,10 +245,11 @@ class ChimeraDraftModel(nn.Module):
         out = h if cfg.head_kind == "shared" else cfg.vocab_size
         self.heads = nn.ModuleList(nn.Linear(2 * h, out, bias=False) for _ in range(cfg.num_heads))
         if cfg.head_kind == "shared":
-            eye = torch.eye(h) * 0.5
+            # P_i = [0 | I]: each head starts as the target's LM head on z, which the
+            # distillation term pulls toward the target's own state there (eq. 6)
             for head in self.heads:
                 with torch.no_grad():
-                    head.weight.copy_(torch.cat([eye, eye], dim=1))
+                    head.weight.copy_(torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))
         self.embed_weight: torch.Tensor | None = None  # [V, H] (the target's, shared)
         self.lm_rows: torch.Tensor | None = None  # [N, H] LM-head rows of the draft vocabulary
 

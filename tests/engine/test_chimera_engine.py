@@ -116,3 +116,24 @@ def test_sampling_keeps_the_target_distribution(shipped, model_path):
             fa, fb = count / n, b[key] / n
             tol = 4 * math.sqrt(2 * fa * (1 - fa) / n) + 0.02
             assert abs(fa - fb) <= tol, (pos, key, fa, fb)
+
+
+def test_preemption_keeps_output_exact(model_path, eval_prompts):
+    """A KV cache of 20 blocks of 32 tokens (30 layers x K,V x 3 heads x 64 x fp32 per
+    token) for 4 requests of up to 400 + 48 tokens: vLLM preempts and recomputes
+    requests; the drafter's context stores follow."""
+    kw = dict(kv_cache_memory_bytes=20 * 32 * 30 * 2 * 3 * 64 * 4, max_model_len=512,
+              enable_prefix_caching=False)
+    plain = make_llm(model_path, **kw)
+    try:
+        ref = token_ids(plain.generate(eval_prompts, GREEDY, use_tqdm=False))
+    finally:
+        shutdown(plain)
+    llm = make_llm(model_path, speculative_config={"method": "chimera", "cost_gate": False}, **kw)
+    try:
+        got = token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
+        st = llm.collective_rpc(control.drafter_stats)[0]
+    finally:
+        shutdown(llm)
+    assert got == ref
+    assert st["store_resets"] > 0  # preempted requests were recomputed
