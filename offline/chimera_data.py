@@ -166,8 +166,9 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
                    progress: Any = None) -> list[Path]:
     """Shards ``states-NNNNN.npz`` with, per sequence (prompt + response, concatenated
     over the shard): ``tokens`` int32, ``hidden`` float16 [n, H] (final-norm last-layer
-    states), ``labels`` int32 (the target's top-1 after each position), ``loss_mask``
-    bool (response positions, whose next token the model generated), ``offsets`` of
+    states), ``labels`` int32 (the target's top-1 after each answer position, -1
+    elsewhere), ``loss_mask`` bool (answer positions, whose next token the model
+    generated), ``offsets`` of
     the sequences. Resumable: existing shards are kept; their record ids are listed in
     ``index.json``."""
     import torch
@@ -227,14 +228,15 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
                 x[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
             h = model.model(input_ids=x, attention_mask=att).last_hidden_state
-            top = model.lm_head(h).argmax(-1)
             for j, (r, s) in enumerate(zip(group, seqs)):
                 n = len(s)
                 mask = np.zeros(n, dtype=bool)
                 mask[len(r["prompt"]) - 1: n - 1] = True  # positions whose next token is the answer
+                labels = np.full(n, -1, dtype=np.int32)  # the LM head runs where labels count
+                labels[mask] = model.lm_head(h[j, :n][torch.from_numpy(mask)]).argmax(-1).numpy()
                 buf["tokens"].append(np.asarray(s, dtype=np.int32))
                 buf["hidden"].append(h[j, :n].numpy().astype(np.float16))
-                buf["labels"].append(top[j, :n].numpy().astype(np.int32))
+                buf["labels"].append(labels)
                 buf["mask"].append(mask)
                 buf["ids"].append(r["id"])
             if progress is not None:
