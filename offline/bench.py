@@ -76,6 +76,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# vLLM's own rows: plain decoding and its built-in drafters any user can reproduce
+VLLM_METHODS = ("baseline", "ngram", "suffix")
+
+
+def _check_suffix_installed() -> None:
+    from importlib.util import find_spec
+
+    if find_spec("arctic_inference") is None:
+        raise SystemExit("method 'suffix' (vLLM's SuffixDecoding) needs arctic-inference: "
+                         "`make peers` builds it (README, 'Peers in the bench')")
+
+
 def parse_methods(spec: str, configs: list[str]) -> list[Entry]:
     from vllm_selfspec import methods
 
@@ -83,9 +95,11 @@ def parse_methods(spec: str, configs: list[str]) -> list[Entry]:
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         label, _, name = item.partition("=")
         name = name or label
-        if name not in ("baseline", "ngram") and methods.lookup(name) is None:
-            raise SystemExit(f"unknown method '{name}'; choose baseline, ngram or one of "
-                             f"{', '.join(methods.METHODS)}")
+        if name not in VLLM_METHODS and methods.lookup(name) is None:
+            raise SystemExit(f"unknown method '{name}'; choose {', '.join(VLLM_METHODS)} or one "
+                             f"of {', '.join(methods.METHODS)}")
+        if name == "suffix":
+            _check_suffix_installed()
         entries.append(Entry(label=label, method=name))
     if not any(e.method == "baseline" for e in entries):
         entries.insert(0, Entry(label="baseline", method="baseline"))
@@ -279,7 +293,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
             bar.update(1)
     bar.close()
     for e in members:
-        if e.method not in ("baseline", "ngram", "suffix"):
+        if e.method not in VLLM_METHODS:
             try:
                 from vllm_selfspec.control import drafter_stats
 
