@@ -241,16 +241,21 @@ class ChimeraProposer(Proposer):
         self.track(batch)
         if batch.token_ids is None:
             return Proposal(drafts)
-        reqs = []
-        for r in batch.requests:
-            s = self.stores.get(r.req_id)
-            if r.max_len > 0 and s is not None and s.last_hidden is not None \
-                    and s.next_mature == r.position and s.next_green == r.position + 1:
-                reqs.append(r)
+        reqs = self.ready(batch.requests)
         if not reqs:
             return Proposal(drafts)
         self.stats["steps"] += 1
         return self._draft(batch, reqs, drafts)
+
+    def ready(self, requests: list[Any]) -> list[Any]:
+        """The requests whose context store holds every state up to the newest token."""
+        out = []
+        for r in requests:
+            s = self.stores.get(r.req_id)
+            if r.max_len > 0 and s is not None and s.last_hidden is not None \
+                    and s.next_mature == r.position and s.next_green == r.position + 1:
+                out.append(r)
+        return out
 
     def _draft(self, batch: DraftBatch, reqs: list[Any], drafts: list[list[int]]) -> Proposal:
         m, dev = self.model, self.target.device

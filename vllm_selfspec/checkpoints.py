@@ -60,7 +60,7 @@ def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, An
     k = core.get("num_speculative_tokens")
     if k is None:
         core["num_speculative_tokens"] = heads
-    elif k > heads:
+    elif k > heads and opts.get("method") == "chimera":  # ngrammys-chimera: context drafts
         raise SelfSpecConfigError(
             f"vllm_selfspec: num_speculative_tokens={k} exceeds the {heads} decoding heads of "
             f"the Chimera checkpoint {path}; use at most {heads} (or leave it unset)")

@@ -16,6 +16,8 @@ from vllm_selfspec.proposers.chimera_drafting import ChimeraOptions
 from vllm_selfspec.proposers.early_exit import LayerSkipOptions
 from vllm_selfspec.proposers.layer_skip import SelfSpecOptions
 from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
+from vllm_selfspec.proposers.ngrammys_chimera import DEFAULT_WIDTH as NGRAMMYS_CHIMERA_WIDTH
+from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions
 from vllm_selfspec.proposers.options import option_fields
 from vllm_selfspec.proposers.swift import SwiftOptions
 
@@ -203,7 +205,20 @@ CHIMERA = Method(
     options=ChimeraOptions,
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS, CHIMERA)}
+NGRAMMYS_CHIMERA = Method(
+    name="ngrammys-chimera",
+    aliases=("ngrammys_chimera",),
+    proposer="vllm_selfspec.proposers.ngrammys_chimera:NGrammysChimeraProposer",
+    prepare="vllm_selfspec.checkpoints:resolve_checkpoint",
+    default_k=NGRAMMYS_CHIMERA_WIDTH,
+    summary="context n-grams (N-Grammys §4.2) where the context has a match, Chimera's heads "
+            "where it has none",
+    options=NGrammysChimeraOptions,
+    check=_check_query_lengths,
+)
+
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS, CHIMERA,
+                                                  NGRAMMYS_CHIMERA)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

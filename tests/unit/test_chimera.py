@@ -184,3 +184,25 @@ def test_training_step_lowers_the_loss():
         first = first if first is not None else float(out.loss.detach())
     assert float(out.loss) < first
     assert len(out.correct) == 2 and out.counted[0] > 0
+
+
+def test_ngrammys_chimera_drafts_context_matches_else_chimera():
+    from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraProposer
+
+    m = tiny()
+    p = NGrammysChimeraProposer(6, {"model": m, "query_length": 2, "min_query_length": 2})
+    p.bind(FakeTarget())
+    hidden = torch.randn(40, H)
+    rep = [5, 6, 7, 8, 9, 10, 11, 5, 6]  # "5 6" occurred before: its continuation is 7 8 9 ...
+    out = p.propose(batch_for(rep, hidden, 0, len(rep) - 1))
+    assert out.drafts[0] == [7, 8, 9, 10, 11, 5][: min(6, 6)]
+    assert p.stats["from_context"] == 1 and p.stats["from_chimera"] == 0
+    p.finish({"r"})
+    fresh = [1, 2, 3, 4, 12, 13, 14, 15, 16]  # no repeated bigram: Chimera drafts (<= 3 heads)
+    out = p.propose(batch_for(fresh, hidden, 0, len(fresh) - 1))
+    assert 1 <= len(out.drafts[0]) <= 3 and p.stats["from_chimera"] == 1
+    # sampled batch: the context row's q is one-hot at its drafts
+    p.finish({"r"})
+    out = p.propose(batch_for(rep, hidden, 0, len(rep) - 1, temperature=0.9))
+    assert out.probs is None or all(float(out.probs[0, i, t]) == 1.0
+                                    for i, t in enumerate(out.drafts[0]))
