@@ -6,7 +6,7 @@ ids, captured before anything can reorder the batch. ``read_feedback`` and
 ``draft_requests`` turn runner state into ``proposers.base`` types; they run after
 vLLM's bookkeeping (the custom_class path drafts after ``_bookkeeping_sync``), so
 ``input_batch.token_ids_cpu`` and ``num_tokens_no_spec`` already include this
-step's accepted and bonus tokens (design note §1.4, §6).
+step's accepted and bonus tokens (``gpu_model_runner.py: _bookkeeping_sync``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class DraftContext:
 
 
 def read_feedback(ctx: DraftContext) -> list[Verification]:
-    """Acceptance of the drafts verified this step (design note §6): the scheduled
+    """Acceptance of the drafts verified this step (as vLLM's scheduler counts it,
+    ``scheduler.py: update_from_output``): the scheduled
     spec tokens are the truth (the scheduler may have trimmed our proposal)."""
     scheduled = getattr(ctx.scheduler_output, "scheduled_spec_decode_tokens", None) or {}
     out = []

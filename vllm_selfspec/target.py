@@ -2,19 +2,19 @@
 
 Implements ``proposers.base.LayerSkipTarget`` on the live vLLM model: draft tokens
 run through the target's own layers (eagerly, via ``adapters``), attending to and
-writing into the target's own paged KV cache (design note §2.3-2.4):
+writing into the target's own paged KV cache:
 
 * per-step attention metadata is built like EAGLE's drafting loop
   (``vllm/v1/spec_decode/llm_base_proposer.py:660-770``): one query token per
   row at ``position``, ``seq_len = position + 1``, slots from the block table;
 * KV is written only for the attention layers the mask keeps, and only at draft
   positions (>= the newest token's position), never over the verified prefix
-  (rule R1); the scheduler reserved the slots (P2, rule R3);
+  (they would overwrite what the target verified); the scheduler reserved the slots (P2);
 * the compiled ``model.forward`` is never called (trace-once has no guards for
   Python-level skip flags);
 * SWIFT's candidate scoring (``score_masks``) is a teacher-forced pass over
   already-verified context tokens that writes NO KV at all (``slot_mapping={}``:
-  writing over the verified prefix corrupts the output, design note rule R1).
+  writing over the verified prefix corrupts the output).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class TargetView:
         attn_groups = list(runner.attn_groups[0])
         if self.device.type != "cpu":
             # GPU builders own persistent buffers used by CUDA-graph replay of the
-            # target; drafting builds metadata with private copies (design note
-            # §2.4 "Which metadata builder to use"; llm_base_proposer.py:1740-1761).
+            # target; drafting builds metadata with private copies, as EAGLE's drafter does
+            # (llm_base_proposer.py:1740-1761).
             private = []
             for g in attn_groups:
                 pg = AttentionGroup(backend=g.backend, layer_names=g.layer_names,

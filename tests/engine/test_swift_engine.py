@@ -42,10 +42,12 @@ def stats(llm):
 def test_greedy_identical_while_optimizing_and_after(model_path, eval_prompts, reference,
                                                      mask_file):
     """Uniform start; short phases (context window 16, BO every 5 steps, stop after 15
-    steps without improvement) so optimization, BO and acceleration all happen here."""
+    steps without improvement) so optimization, BO and acceleration all happen here
+    (optimization_budget 1.0: every step may optimize; the budget has its unit test)."""
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 6, "context_window": 16, "bayes_interval": 5,
-        "max_tolerance_iter": 15, "cost_gate": False, "mask_cache": str(mask_file)})
+        "max_tolerance_iter": 15, "cost_gate": False, "mask_cache": str(mask_file),
+        "optimization_budget": 1.0})
     try:
         outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         st = stats(llm)
@@ -88,7 +90,7 @@ def empty_start(model_path, tmp_path_factory):
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 4, "context_window": 16,
         "skip_mask": {"attention": [], "mlp": []}, "cost_gate": False, "mask_cache": str(cache),
-        "reoptimize_drop": 0.0})
+        "reoptimize_drop": 0.0, "optimization_budget": 1.0})
     yield llm
     shutdown(llm)
 
