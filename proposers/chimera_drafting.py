@@ -28,6 +28,7 @@ rejection sampler.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -122,7 +123,11 @@ class ChimeraProposer(Proposer):
         self.stores: dict[str, ContextStore] = {}
         self.target: HiddenStateTarget | None = None
         self.generator: torch.Generator | None = None
-        self.stats.update({"store_resets": 0, "missing_states": 0})
+        # time spent drafting (per draft token: the cost tools/chimera_eval.py prices) and
+        # taking in states; store_resets: recomputed requests; missing_states: positions
+        # never computed (prefix-cache hits)
+        self.stats.update({"store_resets": 0, "missing_states": 0, "draft_seconds": 0.0,
+                           "draft_tokens": 0, "track_seconds": 0.0})
 
     def bind(self, target: HiddenStateTarget) -> None:
         assert self.model is not None, "ChimeraProposer needs options['model']"
@@ -225,6 +230,13 @@ class ChimeraProposer(Proposer):
     @torch.inference_mode()
     def track(self, batch: DraftBatch) -> None:
         """Take in this step's mature states and the green states of the newest tokens."""
+        t0 = time.perf_counter()
+        try:
+            self._track(batch)
+        finally:
+            self.stats["track_seconds"] += time.perf_counter() - t0
+
+    def _track(self, batch: DraftBatch) -> None:
         self.ingest(batch.states or [])
         if batch.token_ids is None or batch.num_tokens is None:
             return
@@ -258,6 +270,15 @@ class ChimeraProposer(Proposer):
         return out
 
     def _draft(self, batch: DraftBatch, reqs: list[Any], drafts: list[list[int]]) -> Proposal:
+        t0 = time.perf_counter()
+        before = sum(len(drafts[r.row]) for r in reqs)
+        out = self._draft_heads(batch, reqs, drafts)
+        self.stats["draft_seconds"] += time.perf_counter() - t0
+        self.stats["draft_tokens"] += sum(len(drafts[r.row]) for r in reqs) - before
+        return out
+
+    def _draft_heads(self, batch: DraftBatch, reqs: list[Any], drafts: list[list[int]]
+                     ) -> Proposal:
         m, dev = self.model, self.target.device
         assert m is not None and batch.token_ids is not None
         b = len(reqs)
