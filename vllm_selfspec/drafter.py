@@ -8,12 +8,14 @@ back to the proposer, builds the batch of rows that may draft, and returns the
 drafts (ragged lists) and draft probabilities.
 
 A failure inside a draft step never takes the engine down: it is logged once
-(with its traceback) and that step drafts nothing.
+(with its traceback) and that step drafts nothing. ``VLLM_SELFSPEC_FAULT_EVERY``
+is a test hook that injects such failures (``inject_faults``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -26,6 +28,29 @@ from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
 from vllm_selfspec.proposers.cost_gate import CostGate
 
 STATS_INTERVAL_S = 30.0
+FAULT_ENV = "VLLM_SELFSPEC_FAULT_EVERY"
+
+
+class InjectedFault(RuntimeError):
+    """The exception the ``VLLM_SELFSPEC_FAULT_EVERY`` test hook raises."""
+
+
+def inject_faults(proposer: Proposer, every: int) -> None:
+    """TEST HOOK, not a feature: from now on every ``every``-th call of
+    ``proposer.propose`` raises ``InjectedFault`` (before the proposer runs), so a test
+    can show that a failing draft step is survived: logged once, that step drafts
+    nothing, later steps draft again (tools/serve_check.py, tests/serving/). The drafter
+    turns it on when ``VLLM_SELFSPEC_FAULT_EVERY=N`` (N > 0) is set at start-up."""
+    propose, calls = proposer.propose, [0]
+
+    def propose_or_fail(batch: DraftBatch) -> Proposal:
+        calls[0] += 1
+        if calls[0] % every == 0:
+            raise InjectedFault(f"injected by the test hook {FAULT_ENV}={every} (draft step "
+                                f"{calls[0]})")
+        return propose(batch)
+
+    proposer.propose = propose_or_fail  # type: ignore[method-assign]
 
 
 def decode_only(scheduler_output: Any) -> bool:
@@ -81,6 +106,11 @@ class PluginDrafter:
 
             kwargs["model"] = load_checkpoint(opts["checkpoint_path"])
         self.proposer: Proposer = cls(self.k, kwargs)
+        fault_every = int(os.environ.get(FAULT_ENV) or 0)  # test hook, read once
+        if fault_every > 0:
+            logger.warning("vllm_selfspec: test hook %s=%d: every %d-th draft step raises",
+                           FAULT_ENV, fault_every, fault_every)
+            inject_faults(self.proposer, fault_every)
         self.target_model: Any = None  # never `self.model` (the runner would wrap/register it)
         self.view: Any = None
         self._last_stats = time.monotonic()
@@ -211,6 +241,7 @@ class PluginDrafter:
         s = self.proposer.stats
         rate = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
         gate = f" | {self.gate.describe()}" if self.gate is not None else ""
-        logger.info("vllm_selfspec: %s | drafts %d, drafted %d, accepted %d (%.1f%%)%s",
+        failed = f", failed steps {s['failures']}" if s.get("failures") else ""
+        logger.info("vllm_selfspec: %s | drafts %d, drafted %d, accepted %d (%.1f%%)%s%s",
                     self.proposer.describe(), s["drafts"], s["drafted"], s["accepted"], 100 * rate,
-                    gate)
+                    failed, gate)

@@ -3,9 +3,11 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from vllm_selfspec import log
 from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
-from vllm_selfspec.drafter import safe_propose
+from vllm_selfspec.drafter import InjectedFault, inject_faults, safe_propose
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Proposal, Proposer
 
 
@@ -75,3 +77,25 @@ def test_failing_draft_step_drafts_nothing(caplog):
     assert p.stats["failures"] == 3
     assert sum("draft step failed" in r.getMessage() for r in caplog.records) <= 1
     assert safe_propose(WrongRows(4, {}), batch).drafts == [[], []]
+
+
+class Echo(Proposer):
+    def propose(self, batch):
+        return Proposal([[7] for _ in batch.req_ids])
+
+
+def test_injected_faults_are_survived(caplog):
+    """The VLLM_SELFSPEC_FAULT_EVERY test hook: every 3rd step raises inside the proposer
+    call; those steps draft nothing, the others draft, one log line."""
+    batch = DraftBatch(["a"], [DraftRequest(0, "a", 3, 1, 4)])
+    p = Echo(4, {})
+    log._once.discard(f"draft-failure-{id(p)}")  # ids are reused after an earlier test
+    inject_faults(p, 3)
+    drafts = [safe_propose(p, batch).drafts for _ in range(7)]
+    assert drafts == [[[7]], [[7]], [[]], [[7]], [[7]], [[]], [[7]]]
+    assert p.stats["failures"] == 2
+    failed = [r for r in caplog.records if "draft step failed" in r.getMessage()]
+    assert len(failed) == 1 and "InjectedFault" in failed[0].getMessage()
+    p.propose(batch)  # the 8th call
+    with pytest.raises(InjectedFault, match="VLLM_SELFSPEC_FAULT_EVERY=3"):
+        p.propose(batch)
