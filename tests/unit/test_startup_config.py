@@ -229,3 +229,148 @@ def test_chimera_refusals(model_path, chimera_checkpoints, spec, match):
                         tensor_parallel_size=tp)
         return
     _one_line_error(model_path, {"method": "chimera", **spec}, match)
+
+
+# ---- refusals scoped to what each guard protects (vllm_selfspec/guards.py) ----------
+
+MIXED = {"layer_types": ["full_attention", "sliding_attention"] * 15, "sliding_window": 256}
+
+
+def test_mixed_attention_refuses_layer_skip_but_not_ngrammys(model_path):
+    """A model vLLM's own `ngram` runs (layers mixing attention kinds: more than one
+    KV-cache group) runs `ngrammys` too; methods that draft through the target's layers
+    and KV cache are refused in one line."""
+    cfg = _config(model_path, {"method": "ngrammys"}, hf_overrides=MIXED)
+    assert cfg.speculative_config.model == DRAFTER_CLASS
+    assert cfg.additional_config[PLUGIN_KEY]["method"] == "ngrammys"
+    for method in ("selfspec", "layerskip"):
+        msg = _one_line_error(model_path, {"method": method}, hf_overrides=MIXED,
+                              match=r"models mixing attention kinds \['full_attention', "
+                                    r"'sliding_attention'\] \(more than one KV-cache group\)")
+        assert "or method 'ngrammys'" in msg
+
+
+def _guard(method_name, engine=None, model=None, parallel=None, core=None):
+    """check_supported on plain namespaces (no vLLM config): the guard alone."""
+    from types import SimpleNamespace as NS
+
+    from vllm_selfspec import methods
+    from vllm_selfspec.guards import check_supported
+    from vllm_selfspec.plugin import proposer_class
+
+    method = methods.METHODS[method_name]
+    hf = NS(architectures=["LlamaForCausalLM"], layer_types=None)
+    model_cfg = NS(hf_config=hf, is_multimodal_model=False, use_mla=False, is_hybrid=False,
+                   has_inner_state=False)
+    for k, v in (model or {}).items():
+        setattr(hf if k in ("architectures", "layer_types") else model_cfg, k, v)
+    engine_args = NS(**{"enable_lora": False, "kv_transfer_config": None,
+                        "speculative_config": {}, "async_scheduling": None,
+                        "watermark_config": None, "attention_config": None, **(engine or {})})
+    par = NS(**{"pipeline_parallel_size": 1, "tensor_parallel_size": 1, **(parallel or {})})
+    check_supported(method, engine_args, model_cfg, par, proposer_class(method), core)
+
+
+GUARDS = {  # feature -> (guard arguments, message fragment, methods it refuses)
+    "pp": (dict(parallel={"pipeline_parallel_size": 2}), "pipeline parallelism", "all"),
+    "async": (dict(engine={"async_scheduling": True}), "async scheduling", "all"),
+    "block": (dict(core={"rejection_sample_method": "block"}),
+              "rejection_sample_method='block'", "all"),
+    "lora": (dict(engine={"enable_lora": True}), "LoRA", "reads"),
+    "kv_connector": (dict(engine={"kv_transfer_config": object()}), "KV connectors", "reads"),
+    "multimodal": (dict(model={"is_multimodal_model": True}), "multimodal models", "reads"),
+    "arch": (dict(model={"architectures": ["GPT2LMHeadModel"]}),
+             "architecture GPT2LMHeadModel", "reads"),
+    "mla": (dict(model={"use_mla": True}), "MLA attention", "layers"),
+    "hybrid": (dict(model={"is_hybrid": True}), "hybrid/recurrent models", "layers"),
+    "recurrent": (dict(model={"has_inner_state": True}), "hybrid/recurrent models", "layers"),
+    "mixed": (dict(model={"layer_types": ["full_attention", "chunked_attention"]}),
+              "mixing attention kinds", "layers"),
+    "tp": (dict(parallel={"tensor_parallel_size": 2}), "tensor parallelism", "states"),
+}
+SCOPE = {  # which methods each scope covers, by the proposer's flags
+    "all": {"selfspec", "swift", "layerskip", "ngrammys", "chimera", "ngrammys-chimera"},
+    "reads": {"selfspec", "swift", "layerskip", "chimera", "ngrammys-chimera"},
+    "layers": {"selfspec", "swift", "layerskip"},
+    "states": {"chimera", "ngrammys-chimera"},
+}
+
+
+@pytest.mark.parametrize("feature", list(GUARDS))
+@pytest.mark.parametrize("method", sorted(SCOPE["all"]))
+def test_each_guard_refuses_only_the_methods_it_protects(method, feature):
+    kwargs, fragment, scope = GUARDS[feature]
+    if method not in SCOPE[scope]:
+        _guard(method, **kwargs)  # e.g. ngrammys on a hybrid or MLA model: runs
+        return
+    with pytest.raises(SelfSpecConfigError, match=f"method '{method}' does not support") as e:
+        _guard(method, **kwargs)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plain_model_passes_every_guard():
+    for method in SCOPE["all"]:
+        _guard(method)
+
+
+@pytest.mark.parametrize("value", ["synthetic", "block", "fly"])
+def test_only_the_lossless_rejection_sampler(model_path, value):
+    """vLLM 0.32 offers 'synthetic' (ignores the drafts) and 'block' (Model Runner V2
+    only), 0.33 adds the lossy 'fly': every method keeps to 'standard'."""
+    msg = _one_line_error(model_path, {"method": "ngrammys", "rejection_sample_method": value},
+                          f"does not support rejection_sample_method='{value}'")
+    assert "use 'standard' (the default)" in msg
+    cfg = _config(model_path, {"method": "selfspec", "rejection_sample_method": "standard"})
+    assert cfg.speculative_config.rejection_sample_method == "standard"
+
+
+def test_model_runner_v2_forced_is_refused(model_path, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    msg = _one_line_error(model_path, {"method": "ngrammys"},
+                          r"does not support Model Runner V2 \(forced by "
+                          r"VLLM_USE_V2_MODEL_RUNNER=1\)")
+    assert "run on the V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER" in msg
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert _config(model_path, {"method": "selfspec"}).speculative_config.model == DRAFTER_CLASS
+    # unset: vLLM picks V1 itself (custom_class, or no Triton on CPU); not refused
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert _config(model_path, {"method": "selfspec"}).speculative_config.model == DRAFTER_CLASS
+
+
+def test_features_that_force_model_runner_v2():
+    with pytest.raises(SelfSpecConfigError, match=r"Model Runner V2 \(forced by "
+                       r"--watermark-config.*start without --watermark-config"):
+        _guard("ngrammys", engine={"watermark_config": {}})
+    with pytest.raises(SelfSpecConfigError, match="Model Runner V2 .*HiSparse"):
+        _guard("ngrammys", engine={"attention_config": {"hisparse_config": {}}})
+
+
+def test_async_scheduling_refused(model_path):
+    _one_line_error(model_path, {"method": "selfspec"}, "does not support async scheduling "
+                    r"\(--async-scheduling\).*start without --async-scheduling",
+                    async_scheduling=True)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"num_speculative_tokens": 0}, r"num_speculative_tokens must be an integer in \[1, 128\], "
+                                    "got 0"),
+    ({"num_speculative_tokens": "4"}, r"num_speculative_tokens must be an integer"),
+    ({"draft_exit_threshold": "high"}, r"key 'draft_exit_threshold' of method 'selfspec' must "
+                                       r"be a number in \[0.0, 1.0\], got 'high'"),
+    ({"model": "some/draft"}, "key 'model' does not apply to method 'selfspec'"),
+    ({"draft_sample_method": "nucleus"}, "draft_sample_method must be 'greedy' or"),
+    ({"skip_mask": "/nonexistent/mask.json"}, "/nonexistent/mask.json does not exist"),
+])
+def test_bad_values_through_the_config_path(model_path, spec, match):
+    _one_line_error(model_path, {"method": "selfspec", **spec}, match)
+
+
+def test_spec_tokens_twice(model_path):
+    _one_line_error(model_path, {"method": "selfspec", "num_speculative_tokens": 4},
+                    "--spec-tokens and num_speculative_tokens .* mutually exclusive",
+                    spec_tokens=4)
+
+
+def test_swift_mask_and_cache_hit(model_path):
+    _one_line_error(model_path, {"method": "swift", "cache_hit": True,
+                                 "skip_mask": {"attention": [1]}}, "not both")
