@@ -68,7 +68,18 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
     from vllm_selfspec.offline.bigram_build import table_for_model
     from vllm_selfspec.proposers.ngram_tables import BigramTable
 
-    path = opts.get("bigram_table") or str(table_for_model(info.path, info.stamp))
+    path = opts.get("bigram_table")
+    if not path:
+        try:
+            path = str(table_for_model(info.path, info.stamp))
+        except (OSError, ValueError, KeyError, ImportError) as e:
+            # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise SelfSpecConfigError(
+                f"vllm_selfspec: no bigram table is cached for this model and building one "
+                f"failed ({type(e).__name__}: {first}). Pass a table made for this model as "
+                "bigram_table (tools/build_bigram.py --model MODEL builds one), or use vLLM's "
+                "method 'ngram'.") from None
     meta = BigramTable.check_file(path, info.stamp)
     logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
                 meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))

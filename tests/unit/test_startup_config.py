@@ -374,3 +374,18 @@ def test_spec_tokens_twice(model_path):
 def test_swift_mask_and_cache_hit(model_path):
     _one_line_error(model_path, {"method": "swift", "cache_hit": True,
                                  "skip_mask": {"attention": [1]}}, "not both")
+
+
+def test_bigram_table_that_cannot_be_built(model_path, tmp_path, monkeypatch):
+    """No table cached and transformers cannot load the model (remote code, a vLLM-only
+    architecture): one line, not transformers' traceback."""
+    from vllm_selfspec.offline import bigram_build
+
+    def fail(*a, **k):
+        raise ValueError("The repository contains custom code which must be executed.\nMore")
+
+    monkeypatch.setenv("VLLM_SELFSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(bigram_build, "load_model", fail)
+    msg = _one_line_error(model_path, {"method": "ngrammys"}, "no bigram table is cached for "
+                          r"this model and building one failed \(ValueError: The repository")
+    assert "bigram_table" in msg and "'ngram'" in msg
