@@ -389,3 +389,14 @@ def test_bigram_table_that_cannot_be_built(model_path, tmp_path, monkeypatch):
     msg = _one_line_error(model_path, {"method": "ngrammys"}, "no bigram table is cached for "
                           r"this model and building one failed \(ValueError: The repository")
     assert "bigram_table" in msg and "'ngram'" in msg
+
+
+def test_unsupported_vllm_answers_our_methods(model_path, monkeypatch):
+    """On a vLLM outside the supported range register() leaves vLLM alone but our method
+    names get the version message (plugin.register)."""
+    from vllm_selfspec import patches, plugin
+
+    monkeypatch.setattr(plugin, "_registered_ok", False)
+    monkeypatch.setattr(plugin, "_disabled_reason", "vllm_selfspec: " + patches.version_help("0.40.0"))
+    msg = _one_line_error(model_path, {"method": "selfspec"}, "found vLLM 0.40.0")
+    assert "pip install" in msg
