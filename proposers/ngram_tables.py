@@ -35,6 +35,7 @@ from .artifacts import (
 )
 
 FORMAT = "vllm_selfspec.bigram_table/1"
+NO_TABLE = "none"  # ngrammys' bigram_table value for context n-grams only
 BUILD_REMEDY = ("Build a table for this model with `python tools/build_bigram.py --model MODEL "
                 "--out TABLE` and pass it as bigram_table, or leave bigram_table unset to build "
                 "and cache one at start-up.")

@@ -131,7 +131,8 @@ class NGrammysOptions(CommonOptions):
 
     bigram_table: str | None = option(
         None, "bigram table from tools/build_bigram.py. Default: the table cached for this "
-        "model, else one is built at start-up and cached", "str")
+        "model, else one is built at start-up and cached; \"none\": context n-grams only",
+        "str")
     num_rows: int = option(10, "candidate rows per step (context matches first, then bigram "
                            "rows)", "int", 1, 64, symbol="k")
     bigram_width: int = option(2, "width of the extended-bigram rows (at most "

@@ -64,11 +64,13 @@ def _prepare(method: methods.Method, opts: dict[str, Any], core: dict[str, Any],
 
 def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
-    from the file header (the worker loads the arrays)."""
+    from the file header (the worker loads the arrays). ``"none"``: no table."""
     from vllm_selfspec.offline.bigram_build import table_for_model
-    from vllm_selfspec.proposers.ngram_tables import BigramTable
+    from vllm_selfspec.proposers.ngram_tables import NO_TABLE, BigramTable
 
     path = opts.get("bigram_table")
+    if str(path).lower() == NO_TABLE:
+        return  # context n-grams only: no table to find, build or load
     if not path:
         try:
             path = str(table_for_model(info.path, info.stamp))

@@ -166,3 +166,30 @@ print("RAY-OK")
     # batch shapes differ between the runs, so float near-ties may order differently
     assert (a.bigram_ids == b.bigram_ids).all(axis=1).mean() > 0.999
     assert a.stamp == b.stamp and a.vocab_size == b.vocab_size
+
+
+def test_bigram_table_none_drafts_from_the_context_only(monkeypatch):
+    """bigram_table "none": nothing is looked up or built at start-up (a 150k-token
+    vocabulary takes tens of minutes to build on CPU) and drafts come from the context."""
+    from types import SimpleNamespace
+
+    import vllm_selfspec.offline.bigram_build as bb
+    from vllm_selfspec.plugin import resolve_bigram_table
+
+    def no_build(*a):
+        raise AssertionError("no table may be built")
+
+    monkeypatch.setattr(bb, "table_for_model", no_build)
+    opts = {"bigram_table": "none"}
+    resolve_bigram_table(opts, SimpleNamespace(path="/nowhere", stamp=None), {})
+    assert "table_path" not in opts
+    p = NGrammysProposer(3, opts)
+    assert p.table is None
+    toks = np.array([[5, 6, 7, 8, 5, 6, 0, 0]])
+    batch = DraftBatch(["a", "b"], [DraftRequest(0, "a", 5, 6, 3)], token_ids=toks,
+                       num_tokens=np.array([6]))
+    assert p.propose(batch).drafts[0] == [7, 8, 5]  # after "5 6": the context's "7 8 5"
+    toks = np.array([[1, 2, 3, 4, 0, 0, 0, 0]])  # no match in the context: no draft
+    batch = DraftBatch(["a"], [DraftRequest(0, "a", 3, 4, 3)], token_ids=toks,
+                       num_tokens=np.array([4]))
+    assert p.propose(batch).drafts == [[]]
