@@ -2,78 +2,18 @@
 clients, streams that hang up, the comparison with plain answers, the probes, the table."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from pathlib import Path
 
 import pytest
+from fake_openai import Fake, serve
 
 from vllm_selfspec.offline import serve_check as sc
 
 
-class Fake(BaseHTTPRequestHandler):
-    """Greedy answers that depend on the prompt only, unless ``wrong`` names the prompt."""
-
-    wrong = ""
-    aborted = 0
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, status, body, ctype="application/json"):
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_GET(self):
-        if self.path == "/health":
-            self._send(200, b"")
-        elif self.path == "/metrics":
-            self._send(200, (
-                "# HELP x\nvllm:num_preemptions_total{engine=\"0\"} 3.0\n"
-                f"vllm:request_success_total{{finished_reason=\"abort\"}} {Fake.aborted}.0\n"
-                "vllm:request_success_total{finished_reason=\"length\"} 9.0\n"
-                "vllm:spec_decode_num_drafts_total 12.0\n").encode(), "text/plain")
-
-    def do_POST(self):
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        except json.JSONDecodeError:
-            return self._send(400, {"error": {"message": "bad json"}})
-        if body.get("model") != "m":
-            return self._send(404, {"error": {"message": "no model"}})
-        if body.get("max_tokens", 1) < 0 or body.get("min_p"):
-            return self._send(400, {"error": {"message": "min_p is not supported"}})
-        text = body.get("prompt") or body["messages"][0]["content"]
-        ids = [ord(c) for c in text[: body["max_tokens"]]]
-        if text == Fake.wrong:
-            ids = ids[::-1]
-        chat = "messages" in body
-        if not body.get("stream"):
-            choice = {"token_ids": ids, "finish_reason": "length"}
-            choice.update({"message": {"content": text}} if chat else {"text": text})
-            return self._send(200, {"choices": [choice]})
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        try:
-            for t in ids:
-                c = {"token_ids": [t]}
-                c.update({"delta": {"content": chr(t)}} if chat else {"text": chr(t)})
-                self.wfile.write(f"data: {json.dumps({'choices': [c]})}\n\n".encode())
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-        except (BrokenPipeError, ConnectionResetError):
-            Fake.aborted += 1
-
-
 @pytest.fixture
 def fake():
-    srv = ThreadingHTTPServer((sc.HOST, 0), Fake)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
+    srv = serve()
     Fake.wrong = ""
     yield srv.server_address[1]
     srv.shutdown()
@@ -119,8 +59,8 @@ def test_streamed_and_unstreamed_answers_agree(fake):
 
 def test_metrics_and_probes(fake):
     m = sc.metrics(fake)
-    assert sc._count(m, "num_preemptions") == 3 and sc._count(m, "spec_decode_num_drafts") == 12
-    assert sc._count(m, "request_success:length") == 9
+    n = sc._count(m, "request_success:length")
+    assert sc._count(m, "num_preemptions") == n // 3 and sc._count(m, "spec_decode_num_drafts") == 4 * n
     s = sc.Settings(model="m", sampling_probes=("min_p", "stop"))
     bad = sc.probe_bad_requests(fake, s)
     assert bad["malformed_json"] == 400 and bad["unknown_model"] == 404
@@ -160,3 +100,47 @@ def test_prompts_fit_and_kv_sizing(model_path):
     assert sc.kv_bytes_per_token(model_path) == 30 * 2 * 3 * 64 * 4  # SmolLM2-135M, fp32
     jobs = sc.jobs_for(3)
     assert [j.stream for j in jobs[:6]] == [False] * 6 and len({j.key for j in jobs}) == 6
+
+
+class FakeServer(sc.Server):
+    """tests/unit/fake_openai.py in place of `vllm serve`; the `swift` one answers the second
+    prompt differently."""
+
+    def __init__(self, model_path, served_name, spec, *args):
+        super().__init__(model_path, served_name, spec, *args)
+        wrong = PROMPTS[1] if spec and spec["method"] == "swift" else ""
+        self.cmd = [sys.executable, str(Path(__file__).with_name("fake_openai.py")),
+                    str(self.port), served_name, wrong]
+
+
+def test_the_whole_check_resumes_and_reports(tmp_path, monkeypatch):
+    import vllm_selfspec.assets
+
+    monkeypatch.setattr(sc, "Server", FakeServer)
+    monkeypatch.setattr(sc, "load_prompt_texts", lambda model_path, s: PROMPTS)
+    monkeypatch.setattr(sc, "kv_bytes_per_token", lambda model_path: 1)
+    monkeypatch.setattr(vllm_selfspec.assets, "resolve_model", lambda name: name)
+    out = tmp_path / "check.json"
+    argv = ["--model", "m", "--methods", "ngrammys,swift", "--duration", "1", "--stress-duration",
+            "1", "--clients", "2", "--aborts", "1", "--no-progress", "--json", str(out),
+            "--log-dir", str(tmp_path / "logs"), "--sampling-probes", "min_p,stop",
+            "--bad-requests", "malformed_json,unknown_model,negative_max_tokens"]
+    with pytest.raises(SystemExit):  # swift differs from plain
+        sc.main(argv)
+    result = json.loads(out.read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["plain", "ngrammys", "swift"]
+    for m in ("plain", "ngrammys"):
+        assert rows[m]["problems"] == [], rows[m]["problems"]
+    assert rows["ngrammys"]["faults_survived"] and rows["ngrammys"]["refused"] == ["min_p"]
+    assert rows["ngrammys"]["bad_4xx"] == rows["ngrammys"]["bad_total"] == 3
+    assert [p for p in rows["swift"]["problems"] if "differ from plain" in p]
+    assert result["command"].startswith("python tools/serve_check.py --model m")
+
+    def no_server(*a, **kw):
+        raise AssertionError("a resumed run restarted a finished server")
+
+    monkeypatch.setattr(FakeServer, "start", no_server)
+    with pytest.raises(SystemExit):
+        sc.main(argv + ["--resume"])
+    assert json.loads(out.read_text())["table"] == result["table"]
