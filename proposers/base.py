@@ -125,6 +125,12 @@ class Proposer(ABC):
     # for the next start (SWIFT's layer set); set by the glue where the user wants it saved.
     artifact_saver: Callable[[Any, dict[str, Any]], None] | None = None
 
+    # Tensor parallelism: returns TP rank 0's value of a decision that could differ
+    # between ranks (``vllm_selfspec.rank_sync``), so drafts that run the target's
+    # collectives run the same forwards on every rank. Every rank calls it at the same
+    # points; None at TP = 1.
+    agree: Callable[[Any], Any] | None = None
+
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens
         # bumped whenever the drafter changes how it drafts (SWIFT's phases): measurements

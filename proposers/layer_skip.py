@@ -126,11 +126,15 @@ class SelfSpecProposer(Proposer):
                 logits, sampled[active], temperature[active],
                 None if top_k is None else top_k[active],
                 None if top_p is None else top_p[active], self.generator)
-            for i, t in zip(rows[active].tolist(), nxt.tolist()):
-                drafts[i].append(t)
             if probs is not None and q is not None:
                 probs[rows[active], d] = q
             keep = (conf >= self.exit.threshold) & (d + 1 < max_len[active])
+            if self.agree is not None:  # TP: rank 0's tokens and stops on every rank
+                nxt_l, keep_l = self.agree((nxt.tolist(), keep.tolist()))
+                nxt = torch.tensor(nxt_l, dtype=nxt.dtype, device=dev)
+                keep = torch.tensor(keep_l, dtype=torch.bool, device=dev)
+            for i, t in zip(rows[active].tolist(), nxt.tolist()):
+                drafts[i].append(t)
             tokens[active] = nxt
             active = active[keep]
             if active.numel() == 0:

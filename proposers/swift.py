@@ -211,6 +211,8 @@ class SwiftProposer(SelfSpecProposer):
         fresh = known is None or known[0] != window.start
         masks = [self.search.best, *candidates] if fresh else candidates
         scores = self.target.score_masks([window], masks).float().mean(dim=1).tolist()
+        if self.agree is not None:  # TP: one search on every rank, from rank 0's scores
+            scores = self.agree(scores)
         best_here = scores.pop(0) if fresh else known[1]  # type: ignore[index]
         if self.search.register(best_here, candidates, scores, fresh=fresh):
             best_here = max(scores)
@@ -240,7 +242,10 @@ class SwiftProposer(SelfSpecProposer):
     def track(self, batch: DraftBatch) -> None:
         """A step the cost gate keeps plain still optimizes, within the budget."""
         self.steps += 1
-        if self._within_budget() and self.phase == OPTIMIZE and batch.requests:
+        due = self._within_budget() and self.phase == OPTIMIZE and bool(batch.requests)
+        if self.agree is not None:  # TP: the budget is wall time; rank 0's call holds
+            due = bool(self.agree(due))
+        if due:
             self.optimization_step(batch)
 
     @torch.inference_mode()

@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from vllm_selfspec import methods
+from vllm_selfspec import methods, rank_sync
 from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback, target_states
 from vllm_selfspec.log import log_once, logger
 from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
 from vllm_selfspec.proposers.cost_gate import CostGate
+from vllm_selfspec.rank_sync import NOT_READY
 
 STATS_INTERVAL_S = 30.0
 FAULT_ENV = "VLLM_SELFSPEC_FAULT_EVERY"
@@ -115,6 +116,10 @@ class PluginDrafter:
         self.view: Any = None
         self._last_stats = time.monotonic()
         self.gate = CostGate(k=self.k) if opts.get("cost_gate", False) else None
+        # TP > 1 and drafts that run the target's collectives: rank 0 decides for all ranks
+        self.sync = rank_sync.for_engine(vllm_config) if self.proposer.uses_target else None
+        if self.sync is not None:
+            self.proposer.agree = self.sync.share
         self._phase_changes = 0
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
@@ -159,8 +164,8 @@ class PluginDrafter:
             view_cls = TargetView if self.proposer.uses_target else HiddenStateView
             self.view = view_cls(runner, self.adapter)
             self.proposer.bind(self.view)
-            if self.opts.get("mask_cache"):
-                self.proposer.artifact_saver = self._save_mask
+            if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
+                self.proposer.artifact_saver = self._save_mask  # one rank writes the file
             logger.info("vllm_selfspec: %s", self.proposer.describe())
         return self.view
 
@@ -168,39 +173,54 @@ class PluginDrafter:
     def propose_with_runner(self, runner: Any, ctx: DraftContext
                             ) -> tuple[list[list[int]], torch.Tensor | None]:
         finished = getattr(ctx.scheduler_output, "finished_req_ids", None)
+        nothing: list[list[int]] = [[] for _ in ctx.req_ids]
+        batch: DraftBatch | None = None
         try:
             results = read_feedback(ctx)
             self.proposer.observe(results)
             if finished:
                 self.proposer.finish(set(finished))
             limit = self._gate_limit(ctx, results) if self.drafting else 0
-            if limit == 0 and not self.proposer.tracks_steps:
-                self._drafted(0, 0.0)
-                return [[] for _ in ctx.req_ids], None
-            view = self._target_view(runner)
-            if view is not None and hasattr(view, "begin_step"):
-                view.begin_step(ctx.common_attn_metadata)
-            requests = draft_requests(runner, ctx, min(self.k, limit) if limit else self.k)
-            batch = DraftBatch(req_ids=ctx.req_ids, requests=requests,
-                               token_ids=runner.input_batch.token_ids_cpu,
-                               num_tokens=runner.input_batch.num_tokens_no_spec,
-                               states=target_states(ctx) if self.proposer.uses_hidden_states
-                               else None)
+            # with TP every rank sets the step up: rank 0's limit is known only after plan()
+            if limit > 0 or self.proposer.tracks_steps or self.sync is not None:
+                batch = self._batch(runner, ctx)
         except Exception as e:  # noqa: BLE001
             log_once(logging.ERROR, f"draft-setup-{id(self)}", "vllm_selfspec: preparing a draft "
                      "step failed (%s: %s); drafting nothing for this step.", type(e).__name__, e,
                      exc_info=True)
-            return [[] for _ in ctx.req_ids], None
+            limit = NOT_READY
+        if self.sync is not None:
+            limit = self.sync.plan(limit)  # rank 0's limit on every rank (rank_sync.py)
+        if limit == NOT_READY:
+            return nothing, None
+        if limit == 0 and (batch is None or not self.proposer.tracks_steps):
+            self._drafted(0, 0.0)
+            return nothing, None
+        assert batch is not None
+        if limit > 0:  # the cost gate's (rank 0's) draft length
+            for r in batch.requests:
+                r.max_len = min(r.max_len, limit)
         t0 = time.perf_counter()
         if limit == 0:
             # a step without drafts: proposers that track the target's states keep them
             safe_propose(self.proposer, batch, draft=False)
             self._drafted(0, 0.0)
-            return [[] for _ in ctx.req_ids], None
+            return nothing, None
         proposal = safe_propose(self.proposer, batch)
         self._drafted(sum(len(d) for d in proposal.drafts), time.perf_counter() - t0)
         self._maybe_log_stats()
         return proposal.drafts, proposal.probs
+
+    def _batch(self, runner: Any, ctx: DraftContext) -> DraftBatch:
+        """The rows that may draft this step (up to k drafts each), in proposer terms."""
+        view = self._target_view(runner)
+        if view is not None and hasattr(view, "begin_step"):
+            view.begin_step(ctx.common_attn_metadata)
+        return DraftBatch(req_ids=ctx.req_ids, requests=draft_requests(runner, ctx, self.k),
+                          token_ids=runner.input_batch.token_ids_cpu,
+                          num_tokens=runner.input_batch.num_tokens_no_spec,
+                          states=target_states(ctx) if self.proposer.uses_hidden_states
+                          else None)
 
     def _save_mask(self, mask: Any, info: dict[str, Any]) -> None:
         """SWIFT found a layer set: save it for ``cache_hit`` (never fatal)."""
