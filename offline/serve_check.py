@@ -332,8 +332,10 @@ class Job:
 
 
 def jobs_for(num_prompts: int) -> list[Job]:
-    """Every (prompt, endpoint) unstreamed first (the reference fills early), then streamed."""
-    return [Job(p, e, s) for s in (False, True) for p in range(num_prompts) for e in ENDPOINTS]
+    """Every (prompt, endpoint) once in the first pass (the reference fills early), streamed
+    or not in turn, then again with streaming flipped."""
+    return [Job(p, e, (p + j + flip) % 2 == 1) for flip in (0, 1) for p in range(num_prompts)
+            for j, e in enumerate(ENDPOINTS)]
 
 
 class Load:

@@ -99,7 +99,9 @@ def test_rows_say_what_went_wrong():
 def test_prompts_fit_and_kv_sizing(model_path):
     assert sc.kv_bytes_per_token(model_path) == 30 * 2 * 3 * 64 * 4  # SmolLM2-135M, fp32
     jobs = sc.jobs_for(3)
-    assert [j.stream for j in jobs[:6]] == [False] * 6 and len({j.key for j in jobs}) == 6
+    assert len({j.key for j in jobs[:6]}) == 6 and {j.stream for j in jobs[:2]} == {False, True}
+    assert {(j.key, j.stream) for j in jobs} == {(k, st) for k in {j.key for j in jobs}
+                                                  for st in (False, True)}
 
 
 class FakeServer(sc.Server):
