@@ -648,6 +648,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def sampling_table(rows: list[dict[str, Any]]) -> str:
+    """Sampling parameter x method: the HTTP status each request got."""
+    rows = [r for r in rows if r["sampling"]]
+    if not rows:
+        return ""
+    names = list(rows[0]["sampling"])
+    lines = ["| parameter | " + " | ".join(f"`{r['method']}`" for r in rows) + " |",
+             "| --- |" + " --- |" * len(rows)]
+    for n in names:
+        cells = []
+        for r in rows:
+            st = r["sampling"].get(n, {}).get("status")
+            cells.append("served" if st == 200 else f"**{st}**")
+        lines.append(f"| `{n}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ---- the whole check ----------------------------------------------------------------------
 
 def load_prompt_texts(model_path: str, s: Settings) -> list[str]:
@@ -714,7 +731,8 @@ def run(s: Settings, log_path: Path | None = None, resume: bool = False) -> dict
             print(f"{method}/{kind}: {status} (start {rec['start_s']} s)", file=sys.stderr, flush=True)
         rows.append(summarize(method, recs, s))
     text = table(rows)
-    return {"rows": rows, "table": text, "ok": not any(r["problems"] for r in rows),
+    return {"rows": rows, "table": text, "sampling_table": sampling_table(rows),
+            "ok": not any(r["problems"] for r in rows),
             "settings": s.key(), "prompts": prompts, "log_dir": str(log_dir)}
 
 
@@ -806,6 +824,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with atomic_path(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     print(result["table"])
+    if result["sampling_table"]:
+        print("\nsampling parameters (HTTP status):\n" + result["sampling_table"])
     for r in result["rows"]:
         for prob in r["problems"]:
             print(f"PROBLEM {r['method']}: {prob}")

@@ -138,6 +138,7 @@ def test_the_whole_check_resumes_and_reports(tmp_path, monkeypatch):
     assert rows["ngrammys"]["bad_4xx"] == rows["ngrammys"]["bad_total"] == 3
     assert [p for p in rows["swift"]["problems"] if "differ from plain" in p]
     assert result["command"].startswith("python tools/serve_check.py --model m")
+    assert "| `min_p` | **400** | **400** | **400** |" in result["sampling_table"]
 
     def no_server(*a, **kw):
         raise AssertionError("a resumed run restarted a finished server")
