@@ -10,6 +10,11 @@ MASK.objective.png (objective per iteration) and MASK.layout.png (which sub-laye
 are skipped, like the paper's Figure 6). ``--install`` also caches the mask where
 ``selfspec`` finds it when no skip_mask is given.
 
+The mask written is the best one that skips something (the empty mask drafts with the
+whole model). When none is expected to beat plain decoding on this machine, one line
+says so with the best expected speedup; the metadata holds it (``expected_speedup``,
+``beats_plain_decoding``, and the best trial overall, empty or not).
+
 Objectives: ``proxy`` (teacher-forced, one masked pass per candidate, a measured
 cost model; needs only torch + transformers) and ``measured`` (the paper's: wall
 time per token of selfspec decoding inside one vLLM engine). Dev prompts come
@@ -166,6 +171,33 @@ def draw_layout(mask: Any, num_layers: int, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def choose_mask(trials: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The mask to write: the best trial that skips something (an empty mask drafts with
+    the whole model, which never pays), and the verdict on it. Returns (trial or None
+    when every trial was empty, verdict: ``expected_speedup``, ``beats_plain_decoding``
+    and ``best_overall``, the best trial's value, empty or not)."""
+    from vllm_selfspec.offline.search import best_trial
+
+    best = best_trial(trials)
+    skipping = [t for t in trials if t["attention"] or t["mlp"]]
+    chosen = best_trial(skipping) if skipping else None
+    value = float(chosen["value"]) if chosen else float("nan")
+    return chosen, {"expected_speedup": value,
+                    "beats_plain_decoding": bool(chosen) and value > 1.0,
+                    "best_overall": float(best["value"]),
+                    "best_overall_is_empty": not (best["attention"] or best["mlp"])}
+
+
+def verdict_line(verdict: dict[str, Any], objective: str) -> str | None:
+    """One line when no mask is expected to beat plain decoding here, else None."""
+    if verdict["beats_plain_decoding"]:
+        return None
+    return (f"no skip mask is expected to beat plain decoding on this machine ({objective} "
+            f"objective): best expected speedup {verdict['expected_speedup']:.3f}x for a mask "
+            f"that skips something (plain decoding: 1.000x); writing that mask with the figure "
+            f"in its metadata (expected_speedup)")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from tqdm import tqdm
@@ -175,7 +207,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.offline.search import (
         TOOL_VERSION,
         SearchConfig,
-        best_trial,
         default_probes,
         search,
     )
@@ -218,13 +249,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trials = search(cfg, evaluate_batch, log_path, probes,
                     progress=lambda **kw: tqdm(desc=f"{args.objective} search", unit="trial", **kw))
     search_s = time.time() - t1
-    best = best_trial(trials)
+    best, verdict = choose_mask(trials)
+    if best is None:  # every trial skipped nothing: price the uniform mask once
+        from vllm_selfspec.proposers.skip_mask import uniform_mask
+
+        m = uniform_mask(num_layers, 0.15)
+        if not m.num_skipped:
+            m = SkipMask(frozenset({num_layers // 2}), frozenset())
+        r = evaluate_batch([m])[0]
+        best = {**r, "iteration": len(trials), "attention": sorted(m.attention),
+                "mlp": sorted(m.mlp)}
+        verdict.update(expected_speedup=float(r["value"]),
+                       beats_plain_decoding=float(r["value"]) > 1.0)
     mask = SkipMask(frozenset(best["attention"]), frozenset(best["mlp"]))
     details = {k: v for k, v in best.items()
                if k not in ("z", "attention", "mlp", "mask_key", "cached", "time")}
     fresh = sum(1 for t in trials if not t.get("cached"))
     meta = {
         "model": stamp.to_json(), "objective": args.objective, "value": best["value"],
+        "expected_speedup": verdict["expected_speedup"],
+        "beats_plain_decoding": verdict["beats_plain_decoding"],
+        "best_overall_value": verdict["best_overall"],
+        "best_overall_is_empty": verdict["best_overall_is_empty"],
         "best": details, "iterations": len(trials), "evaluated": fresh,
         "dev_set": {"dataset": args.dataset, "split": "dev", "num_prompts": args.num_prompts,
                     "max_tokens": args.max_tokens},
@@ -240,6 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     draw_layout(mask, num_layers, out.with_suffix(".layout.png"),
                 f"{stamp.name}: skip {len(mask.attention)} attention + {len(mask.mlp)} MLP "
                 f"({args.objective}, {best['value']:.3f}x)")
+    line = verdict_line(verdict, args.objective)
+    if line:
+        print(line)
     print(f"best: {mask.describe()} -> {best['value']:.3f}x ({args.objective}); wrote {out}")
     if args.install:
         from vllm_selfspec.proposers.artifacts import artifact_path, atomic_path

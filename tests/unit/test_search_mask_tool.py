@@ -89,3 +89,61 @@ print("RAY-IMPORTED" if "ray" in sys.modules else "NO-RAY")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert "NO-RAY" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+
+
+def _trial(i, value, attention=(), mlp=()):
+    return {"iteration": i, "value": value, "attention": list(attention), "mlp": list(mlp)}
+
+
+def test_choose_mask_writes_the_best_non_empty_mask_and_says_when_none_pays():
+    from vllm_selfspec.offline.search_mask import choose_mask, verdict_line
+
+    trials = [_trial(0, 0.93), _trial(1, 0.81, [3], [4]), _trial(2, 0.88, [5]),
+              _trial(3, 0.70, [1, 2], [2])]
+    chosen, verdict = choose_mask(trials)
+    assert chosen["iteration"] == 2  # the best mask that skips something, not the empty one
+    assert verdict["expected_speedup"] == 0.88 and not verdict["beats_plain_decoding"]
+    assert verdict["best_overall"] == 0.93 and verdict["best_overall_is_empty"]
+    line = verdict_line(verdict, "proxy")
+    assert "\n" not in line and "0.880x" in line and "plain decoding" in line
+
+    chosen, verdict = choose_mask(trials + [_trial(4, 1.12, [7], [8])])
+    assert chosen["iteration"] == 4 and verdict["beats_plain_decoding"]
+    assert verdict_line(verdict, "proxy") is None
+    assert choose_mask([_trial(0, 0.9)])[0] is None  # only the empty mask was tried
+
+
+class _LosingObjective:
+    """Every mask is slower than plain decoding; the empty mask least so (SmolLM2 here)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def evaluate(self, mask):
+        self.seen.append(mask)
+        return {"value": 0.95 - 0.01 * mask.num_skipped, "acceptance_rate": 0.5}
+
+    def describe(self):
+        return {"objective": "fake"}
+
+
+@pytest.mark.parametrize("iterations", [6, 1])
+def test_search_that_finds_nothing_faster_says_so_and_writes_a_non_empty_mask(
+        tiny_model_path, tmp_path, monkeypatch, capsys, iterations):
+    from vllm_selfspec.offline import search_mask
+
+    obj = _LosingObjective()
+    monkeypatch.setattr(search_mask, "build_objective", lambda *a, **k: obj)
+    out = tmp_path / "m.json"
+    search_mask.main(["--model", tiny_model_path, "--out", str(out), *COMMON,
+                      "--iterations", str(iterations)])
+    printed = capsys.readouterr().out
+    lines = [x for x in printed.splitlines() if x.startswith("no skip mask is expected")]
+    assert len(lines) == 1
+    data = json.loads(out.read_text())
+    assert data["attention"] or data["mlp"]  # never the empty mask
+    meta = data["metadata"]
+    assert meta["expected_speedup"] == meta["value"] < 1.0
+    assert f"{meta['expected_speedup']:.3f}x" in lines[0]
+    assert meta["beats_plain_decoding"] is False
+    assert meta["best_overall_is_empty"] and meta["best_overall_value"] == 0.95
