@@ -93,9 +93,12 @@ class LayerSkipTarget(Protocol):
     device: torch.device
 
     def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                   mask: SkipMask, draft_index: int) -> torch.Tensor:
+                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None
+                   ) -> torch.Tensor:
         """Run ``tokens`` at ``positions`` through the sub-layers ``mask`` keeps,
-        writing their KV at those positions, and return logits [n, V]."""
+        writing their KV at those positions, and return logits [n, V] (with ``head``,
+        LM-head rows [N, H] of a draft vocabulary: logits [n, N] over those rows only;
+        needs ``lm_head_weight``)."""
         ...
 
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .draft_exit import DraftExitConfig
 from .layer_skip import SelfSpecProposer
-from .options import DraftSamplerOptions, option
+from .options import DraftSamplerOptions, draft_vocab_option, option
 from .skip_mask import SkipMask, SkipMaskError
 
 
@@ -68,6 +68,7 @@ class LayerSkipOptions(DraftSamplerOptions):
     stop_threshold: float = option(
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: always "
         "num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0)
+    draft_vocab: int = draft_vocab_option()
 
 
 class EarlyExitProposer(SelfSpecProposer):
@@ -85,4 +86,5 @@ class EarlyExitProposer(SelfSpecProposer):
     def describe(self) -> str:
         stop = (f"stop below top-1 probability {self.exit.threshold:.2f}" if self.exit.threshold > 0
                 else "no confidence stop")
-        return f"layerskip: {self.mask.source}, up to {self.k} draft tokens, {stop}"
+        return (f"layerskip: {self.mask.source}, up to {self.k} draft tokens, "
+                f"{stop}{self.describe_vocab()}")

@@ -14,6 +14,7 @@ to vLLM's rejection sampler.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,9 +22,12 @@ import torch
 
 from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
-from .options import DraftSamplerOptions, option
+from .draft_vocab import DraftVocab
+from .options import DraftSamplerOptions, draft_vocab_option, option
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
+
+logger = logging.getLogger("vllm.vllm_selfspec")
 
 _DE = DraftExitConfig  # D&V's draft-exit defaults live there (Table 6, Appendix B)
 
@@ -53,6 +57,7 @@ class SelfSpecOptions(DraftSamplerOptions):
                           high_open=True, symbol="β1")
     beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
                           high_open=True, symbol="β2")
+    draft_vocab: int = draft_vocab_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,
@@ -75,6 +80,11 @@ class SelfSpecProposer(Proposer):
         self.mask: SkipMask = options.get("mask") or SkipMask()
         self.target: LayerSkipTarget | None = None
         self.generator: torch.Generator | None = None
+        # draft vocabulary (key draft_vocab): target ids of the N most frequent tokens, most
+        # frequent first, resolved at start-up (options["draft_vocab_ids"]); bound in bind()
+        self.vocab: DraftVocab | None = None
+        self.head: torch.Tensor | None = None  # [N, H] LM-head rows of the draft vocabulary
+        self.vocab_ids: list[int] | None = None
 
     def draft_exit_config(self) -> DraftExitConfig:
         """When drafting stops (D&V §3.4: the adaptive threshold)."""
@@ -84,13 +94,52 @@ class SelfSpecProposer(Proposer):
         self.target = target
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(self.cfg.seed)
+        self.vocab_ids = self.options.get("draft_vocab_ids")  # the N ids loaded at start-up
+        if self.vocab_ids is not None:
+            self.use_draft_vocab(len(self.vocab_ids))
+
+    def use_draft_vocab(self, n: int) -> None:
+        """Draft over the first ``n`` (most frequent) ids loaded at start-up; 0: the full
+        vocabulary (vllm_selfspec.control.set_draft_vocab switches it in a running engine)."""
+        assert self.target is not None, "bind() first"
+        if n <= 0:
+            self.set_draft_vocab(None)
+            return
+        if self.vocab_ids is None or n > len(self.vocab_ids):
+            have = 0 if self.vocab_ids is None else len(self.vocab_ids)
+            raise ValueError(f"draft vocabulary of {n} tokens: {have} were loaded at start-up "
+                             "(key draft_vocab)")
+        self.set_draft_vocab(DraftVocab(torch.as_tensor(self.vocab_ids[:n], dtype=torch.long),
+                                        int(self.target.vocab_size)))
+
+    def set_draft_vocab(self, vocab: DraftVocab | None) -> None:
+        """Draft over ``vocab`` (None or the full vocabulary: the target's own LM head).
+        The rows are views of the target's LM head, gathered once: [N, H]."""
+        assert self.target is not None, "bind() first"
+        if vocab is None or vocab.is_full:
+            self.vocab = self.head = None
+            return
+        weight = self.target.lm_head_weight  # type: ignore[attr-defined]
+        if weight.shape[0] < vocab.vocab_size:
+            # tensor parallelism: this rank holds a shard of the head; every rank takes the
+            # same decision (same shapes), so the draft forwards stay matched
+            logger.warning("draft_vocab: the LM head is sharded (%d of %d rows on this rank); "
+                           "drafting over the full vocabulary", weight.shape[0], vocab.vocab_size)
+            self.vocab = self.head = None
+            return
+        self.vocab = vocab
+        self.head = vocab.rows(weight.detach()).contiguous()
 
     def set_mask(self, mask: SkipMask) -> None:
         """Switch the skip mask between steps (vllm_selfspec.control.set_skip_mask)."""
         self.mask = mask
 
     def describe(self) -> str:
-        return f"selfspec: {self.mask.describe()}, draft-exit threshold {self.exit.threshold:.2f}"
+        return (f"selfspec: {self.mask.describe()}, draft-exit threshold "
+                f"{self.exit.threshold:.2f}{self.describe_vocab()}")
+
+    def describe_vocab(self) -> str:
+        return "" if self.vocab is None else f", draft vocabulary {self.vocab.size}"
 
     def observe(self, results: list[Verification]) -> None:
         super().observe(results)
@@ -119,13 +168,23 @@ class SelfSpecProposer(Proposer):
                  if any_sampled else None)
 
         active = torch.arange(len(reqs), device=dev)
+        vocab, head = self.vocab, self.head
         for d in range(self.k):
-            logits = self.target.draft_step(rows[active], tokens[active], positions[active] + d,
-                                            self.mask, d)
+            if head is None:
+                logits = self.target.draft_step(rows[active], tokens[active],
+                                                positions[active] + d, self.mask, d)
+            else:  # logits over the draft vocabulary only [n, N]
+                logits = self.target.draft_step(rows[active], tokens[active],
+                                                positions[active] + d, self.mask, d, head=head)
+            # the threshold reads the draft-vocabulary softmax; q is scattered into the full
+            # vocabulary (zero outside it: exactly what the draft was drawn from)
             nxt, conf, q = choose_tokens(
                 logits, sampled[active], temperature[active],
                 None if top_k is None else top_k[active],
                 None if top_p is None else top_p[active], self.generator)
+            if vocab is not None:
+                nxt = vocab.to_target(nxt)
+                q = None if q is None else vocab.scatter(q)
             if probs is not None and q is not None:
                 probs[rows[active], d] = q
             keep = (conf >= self.exit.threshold) & (d + 1 < max_len[active])

@@ -39,6 +39,15 @@ def build(cls: type[T], values: Mapping[str, Any]) -> T:
     return cls(**{k: v for k, v in values.items() if k in names})
 
 
+def draft_vocab_option() -> Any:
+    """Key ``draft_vocab`` of the layer-skip methods (selfspec, swift, layerskip)."""
+    return option(
+        0, "draft logits over the N most frequent tokens of the model's own answers (the draft "
+        "vocabulary stored in the Chimera checkpoint cached or shipped for this model), mapped "
+        "back to target ids; the target still verifies over the full vocabulary. 0: the full "
+        "LM head", "int", 0, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class CommonOptions:
     """Keys every method takes."""

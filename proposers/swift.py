@@ -45,7 +45,7 @@ from .base import ContextWindow, DraftBatch, Proposal, Verification
 from .draft_exit import DraftExitConfig
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from .layer_skip import SelfSpecProposer
-from .options import CommonOptions, option
+from .options import CommonOptions, draft_vocab_option, option
 from .skip_mask import SkipMask, uniform_mask
 
 OPTIMIZE, ACCELERATE = "optimize", "accelerate"
@@ -96,6 +96,7 @@ class SwiftOptions(CommonOptions):
         "the optimizer's time so far is under this share of the time served (the phase takes "
         "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
+    draft_vocab: int = draft_vocab_option()
 
 
 class SwiftProposer(SelfSpecProposer):
@@ -282,7 +283,7 @@ class SwiftProposer(SelfSpecProposer):
         if self.search is not None and self.search.best_score is not None:
             extra = f", matchness {self.search.best_score:.2f} after {self.search.iterations} steps"
         return f"swift ({self.phase}{extra}): {self.mask.describe()}, stop threshold " \
-               f"{self.exit.threshold:.2f}"
+               f"{self.exit.threshold:.2f}{self.describe_vocab()}"
 
     def report(self) -> dict[str, Any]:
         """Phase, events and matchness trace (vllm_selfspec.control.drafter_stats)."""

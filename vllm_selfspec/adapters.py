@@ -114,6 +114,18 @@ class PreNormDecoderAdapter:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.compute_logits(hidden)
 
+    def subset_logits(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """Logits over some LM-head rows only (a draft vocabulary: ``head`` [N, H]), as
+        ``compute_logits`` computes them (vLLM's LogitsProcessor: matmul, then scale and
+        soft cap where the model sets them)."""
+        out = hidden @ head.t()
+        proc = getattr(self.lm, "logits_processor", None)
+        cap = getattr(proc, "soft_cap", None)
+        if cap:
+            out = torch.tanh(out / cap) * cap
+        scale = getattr(proc, "scale", 1.0)
+        return out * scale if scale != 1.0 else out
+
     def named_fingerprint_tensors(self) -> list[torch.Tensor]:
         """The tensors of proposers.artifacts.FINGERPRINT_TENSORS, from the live model."""
         return [self.inner.norm.weight, self.layers[0].input_layernorm.weight,

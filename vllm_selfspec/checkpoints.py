@@ -68,3 +68,36 @@ def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, An
     logger.info("vllm_selfspec: chimera %s %s: %d heads (%s), draft vocabulary %s, trained on %s "
                 "answer tokens", how, path, heads, cfg.get("head_kind", "?"),
                 cfg.get("draft_vocab_size", "?"), training.get("answer_tokens", "?"))
+
+
+def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> None:
+    """Key ``draft_vocab`` = N > 0 of the layer-skip methods: the N most frequent tokens of
+    the model's own answers, read from the draft vocabulary (most frequent first) of the
+    Chimera checkpoint cached or shipped for these exact weights. Fixes
+    ``opts["draft_vocab_path"]``; the worker reads the ids (``drafter.PluginDrafter``)."""
+    n = int(opts.get("draft_vocab") or 0)
+    if n <= 0:
+        return
+    found = default_checkpoint(info.stamp)
+    if found is None:
+        cache = artifact_path("chimera", info.stamp)
+        raise ArtifactError(
+            f"draft_vocab={n}: no draft vocabulary for this model ({info.stamp.describe()}); "
+            f"build one from its own answers with python tools/train_chimera.py --model MODEL "
+            f"--tokens 300000 --out {cache or 'CKPT.safetensors'} (the checkpoint stores it), "
+            f"or set draft_vocab 0")
+    cfg = check_checkpoint(found, info.stamp).get("config", {})
+    size = int(cfg.get("draft_vocab_size", 0))
+    if n > size:
+        raise ArtifactError(f"draft_vocab={n}: the draft vocabulary of {found} has {size} "
+                            f"tokens; use at most {size} (or 0: the full vocabulary)")
+    opts["draft_vocab_path"] = str(found)
+    logger.info("vllm_selfspec: draft vocabulary: the %d most frequent tokens of %s", n, found)
+
+
+def load_draft_vocab_ids(path: str | Path, n: int) -> list[int]:
+    """The first (most frequent) ``n`` target ids of a checkpoint's draft vocabulary."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor("draft_ids")[:n].long().tolist()

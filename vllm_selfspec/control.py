@@ -64,6 +64,14 @@ def set_skip_mask(worker: Any, mask: dict[str, Any], threshold: float | None = N
     return d.proposer.describe()
 
 
+def set_draft_vocab(worker: Any, n: int) -> str:
+    """Draft over the ``n`` most frequent tokens of the draft vocabulary loaded at start-up
+    (the engine's key draft_vocab is the most), or over the full vocabulary (0)."""
+    d = _drafter(worker)
+    d.proposer.use_draft_vocab(int(n))
+    return d.proposer.describe()
+
+
 def inject_draft_failures(worker: Any, every: int) -> None:
     """Make every ``every``-th draft step raise (tests of the failure guard)."""
     d = _drafter(worker)

@@ -106,6 +106,11 @@ class PluginDrafter:
             from vllm_selfspec.proposers.chimera import load_checkpoint
 
             kwargs["model"] = load_checkpoint(opts["checkpoint_path"])
+        if opts.get("draft_vocab_path"):
+            from vllm_selfspec.checkpoints import load_draft_vocab_ids
+
+            kwargs["draft_vocab_ids"] = load_draft_vocab_ids(opts["draft_vocab_path"],
+                                                             int(opts["draft_vocab"]))
         self.proposer: Proposer = cls(self.k, kwargs)
         fault_every = int(os.environ.get(FAULT_ENV) or 0)  # test hook, read once
         if fault_every > 0:

@@ -137,6 +137,7 @@ SELFSPEC = Method(
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
     proposer="vllm_selfspec.proposers.layer_skip:SelfSpecProposer",
     skip_mask="vllm_selfspec.masks:resolve_skip_mask",
+    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
     default_k=12,
     summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
             "sub-layers; adaptive draft exit",
@@ -148,6 +149,7 @@ SWIFT = Method(
     aliases=("swift_ots",),
     proposer="vllm_selfspec.proposers.swift:SwiftProposer",
     skip_mask="vllm_selfspec.masks:resolve_swift_mask",
+    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
     default_k=12,
     summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
             "(random search + interval Bayesian optimization scored by matchness), then "
@@ -162,6 +164,7 @@ LAYERSKIP = Method(
     aliases=("layer_skip", "early_exit"),
     proposer="vllm_selfspec.proposers.early_exit:EarlyExitProposer",
     skip_mask="vllm_selfspec.masks:resolve_exit_mask",
+    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
     default_k=6,  # the LayerSkip README's --num_speculations 6
     summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
             "head (early exit), verified by the full model",

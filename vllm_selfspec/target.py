@@ -94,8 +94,14 @@ class TargetView:
                 per_layer[name] = md
         return per_layer
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V(+pad), H] LM head (this rank's shard under tensor parallelism)."""
+        return self.adapter.lm_head_weight
+
     def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                   mask: SkipMask, draft_index: int) -> torch.Tensor:
+                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None
+                   ) -> torch.Tensor:
         from vllm.forward_context import set_forward_context
 
         t0 = time.perf_counter()
@@ -108,7 +114,10 @@ class TargetView:
                                  slot_mapping=write):
             hidden = self.adapter.run(self.adapter.embed(tokens.long()), positions,
                                       mask.attention, mask.mlp)
-        logits = self.adapter.logits(hidden)
+        # a draft vocabulary's LM-head rows [N, H] (proposers.draft_vocab), else the model's
+        # own head over the full vocabulary
+        logits = (self.adapter.logits(hidden) if head is None
+                  else self.adapter.subset_logits(hidden, head))
         self.timing["draft_calls"] += 1
         self.timing["draft_rows"] += int(rows.numel())
         self.timing["draft_seconds"] += time.perf_counter() - t0
