@@ -17,6 +17,7 @@ token: together the "cost_model" block that tools/search_mask.py --cost-model
 reads (proposers/expected_speedup.py: CostModel).
 
     python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
+    python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--draft-vocab", default="0",
+                   help="comma list of draft vocabulary sizes N (key draft_vocab: draft logits "
+                        "over the N most frequent tokens; 0: the full LM head), timed "
+                        "interleaved prompt by prompt in one engine; the first one fills "
+                        "'fit' and 'cost_model', every one 'by_draft_vocab'")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
     return p.parse_args(argv)
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     kw = dict(dtype=args.dtype, max_model_len=2048, block_size=32, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=1, enforce_eager=args.enforce_eager, seed=0)
     fractions = [float(x) for x in args.fractions.split(",")]
+    vocabs = [int(x) for x in str(args.draft_vocab).split(",")]
 
     base = LLM(path, **kw)
     base.generate(warm, sp, use_tqdm=False)
@@ -116,7 +123,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     spec = LLM(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
                                          "skip_mask": {"attention": [], "mlp": []},
-                                         "cost_gate": False}, **kw)
+                                         "cost_gate": False,
+                                         "draft_vocab": max(vocabs)}, **kw)
     spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
     spec.generate(warm, sp, use_tqdm=False)
     spec.collective_rpc(control.install_step_timer)
@@ -129,16 +137,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         spec.collective_rpc(control.set_skip_mask, args=(mask,))
         spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
         spec.generate(warm, sp, use_tqdm=False)  # warm this mask
-        spec.collective_rpc(control.reset_stats)
+        # every draft vocabulary on the same prompt in turn: machine drift hits them alike
+        seconds = {n: 0.0 for n in vocabs}
+        tokens = {n: 0 for n in vocabs}
         for p in timed:
-            spec.generate([p], sp, use_tqdm=False)
-        s = spec.collective_rpc(control.drafter_stats)[0]
-        per_token = s["draft_seconds"] / s["draft_rows"]
+            for n in vocabs:
+                spec.collective_rpc(control.set_draft_vocab, args=(n,))
+                spec.collective_rpc(control.reset_stats)
+                spec.generate([p], sp, use_tqdm=False)
+                s = spec.collective_rpc(control.drafter_stats)[0]
+                seconds[n] += s["draft_seconds"]
+                tokens[n] += s["draft_rows"]
         kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
-        rows.append({"mask": label, "kept_fraction": round(kept, 4),
-                     "skipped_attention": len(mask["attention"]),
-                     "skipped_mlp": len(mask["mlp"]), "draft_tokens": s["draft_rows"],
-                     "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
+        for n in vocabs:
+            per_token = seconds[n] / tokens[n]
+            rows.append({"mask": label, "draft_vocab": n, "kept_fraction": round(kept, 4),
+                         "skipped_attention": len(mask["attention"]),
+                         "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[n],
+                         "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
     fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
     spec.llm_engine.engine_core.shutdown()
     del spec
@@ -147,48 +163,63 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"no plain steps or no verification steps of {args.k} drafts were timed; "
                          "raise --max-tokens")
     v = (verify_k - forward_1) / (args.k * decode_s)
-    uniform_rows = [r for r in rows if r["mask"].startswith("kept")]
-    a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
-                    [r["ratio_to_decode_step"] for r in uniform_rows])
+    by_vocab: dict[str, Any] = {}
+    for n in vocabs:
+        mine = [r for r in rows if r["draft_vocab"] == n]
+        uniform_rows = [r for r in mine if r["mask"].startswith("kept")]
+        a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
+                        [r["ratio_to_decode_step"] for r in uniform_rows])
+        by_vocab[str(n)] = {"fit": {"slope": a, "overhead": b,
+                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
+                            "cost_model": fit_cost_model(mine, num_layers, v),
+                            "uniform_rows": uniform_rows}
+    first = by_vocab[str(vocabs[0])]
     report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
               "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
-              "rows": rows, "fit": {"slope": a, "overhead": b,
-                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
-              "cost_model": fit_cost_model(rows, num_layers, v)}
+              "rows": rows, "fit": first["fit"], "cost_model": first["cost_model"],
+              "by_draft_vocab": {n: {k: x for k, x in d.items() if k != "uniform_rows"}
+                                 for n, d in by_vocab.items()}}
     print(f"plain decode step (worker): {1000 * decode_s:.1f} ms over {st['steps']} steps")
-    print("mask                 kept f   draft token ms   ratio to decode step")
+    print("mask                 vocab   kept f   draft token ms   ratio to decode step")
     for r in rows:
-        print(f"{r['mask']:<20} {r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}"
-              f"         {r['ratio_to_decode_step']:.3f}")
-    print(report["fit"]["formula"])
+        vocab = r["draft_vocab"] or "full"
+        print(f"{r['mask']:<20} {vocab!s:<6}  {r['kept_fraction']:.3f}    "
+              f"{1000 * r['draft_token_s']:8.1f}         {r['ratio_to_decode_step']:.3f}")
+    for n, d in by_vocab.items():
+        print(f"draft vocabulary {n if n != '0' else 'full'}: {d['fit']['formula']}; "
+              f"cost model {json.dumps(d['cost_model'])}")
     print(f"verifying {args.k} drafts: forward {1000 * verify_k:.1f} ms vs "
           f"{1000 * forward_1:.1f} ms for one token -> {v:.3f} decode steps per extra token")
-    print("cost model:", json.dumps(report["cost_model"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
         plot = args.plot or str(Path(args.json_out).with_suffix(".png"))
-        draw(uniform_rows, a, b, plot)
+        draw(by_vocab, plot)
         print(f"wrote {args.json_out} and {plot}")
     return report
 
 
-def draw(rows: list[dict[str, Any]], a: float, b: float, path: str) -> None:
+def draw(by_vocab: dict[str, Any], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [r["kept_fraction"] for r in rows]
-    ys = [r["ratio_to_decode_step"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(xs, ys, "o", label="measured")
-    ax.plot([0, 1], [b, a + b], "-", label=f"fit {a:.2f}·f + {b:.2f}")
+    top = 0.0
+    for i, (n, d) in enumerate(by_vocab.items()):
+        xs = [r["kept_fraction"] for r in d["uniform_rows"]]
+        ys = [r["ratio_to_decode_step"] for r in d["uniform_rows"]]
+        a, b = d["fit"]["slope"], d["fit"]["overhead"]
+        name = "full vocabulary" if n == "0" else f"draft vocabulary {n}"
+        ax.plot(xs, ys, "o", color=f"C{i}", label=f"{name}")
+        ax.plot([0, 1], [b, a + b], "-", color=f"C{i}", label=f"fit {a:.2f}·f + {b:.2f}")
+        top = max(top, *ys)
     ax.plot([0, 1], [0, 1], ":", color="grey", label="ideal f")
     ax.set_xlabel("kept fraction f of the 2L sub-layers")
     ax.set_ylabel("draft token / plain decode step")
     ax.set_xlim(0, 1.05)
-    ax.set_ylim(0, max(1.35, max(ys) + 0.1))
+    ax.set_ylim(0, max(1.35, top + 0.1))
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
