@@ -2,22 +2,24 @@
 a plain server's answers, with aborted streams, preemption, injected draft failures and bad
 requests.
 
-    python tools/serve_check.py --methods all --json results/serving/serve-check.json
+    python tools/serve_check.py --json results/serving/serve-check.json
 
 Servers run one at a time on loopback (embedded model, float32, --enforce-eager). Plain
 decoding runs first: its greedy answers to a fixed prompt list (completions and chat) are the
-reference. Then, per method, up to two servers:
+reference. Then one server per method (``--servers``: either kind or both):
 
-- ``load``: a KV cache that fits every client. N clients (``--clients``) send greedy
-  completion and chat requests, streaming and not, for ``--duration`` seconds while
-  ``--aborts`` more streams hang up after their first chunks; then the bad requests (malformed
-  JSON, unknown model, negative max_tokens, ...: each must get a 4xx) and one request per
-  OpenAI sampling parameter (``min_p``, ``logit_bias``, ...: served, or refused with a 4xx;
-  never a 5xx); then the server must still answer.
-- ``stress``: the same load on a KV cache so small that vLLM preempts requests (counted from
-  its ``/metrics``), with the drafter's test hook ``VLLM_SELFSPEC_FAULT_EVERY`` making every
-  ``--fault-every``-th draft step raise: the failure must be logged once and drafting go on
-  (vLLM's spec-decode counters keep growing after it).
+- ``stress`` (the default): N clients (``--clients``) send greedy completion and chat
+  requests, streamed and not, for ``--stress-duration`` seconds while ``--aborts`` more
+  streams hang up after their first chunks, on a KV cache so small that vLLM preempts
+  requests (counted from its ``/metrics``), with the drafter's test hook
+  ``VLLM_SELFSPEC_FAULT_EVERY`` making every ``--fault-every``-th draft step raise: the
+  failure must be logged once and drafting go on (vLLM's spec-decode counters keep growing
+  after it). Then the bad requests (malformed JSON, unknown model, negative max_tokens, ...:
+  each must get a 4xx) and one request per OpenAI sampling parameter (``min_p``,
+  ``logit_bias``, ...: served, or refused with a 4xx; never a 5xx); then the server must
+  still answer, and answer right.
+- ``load``: the same for ``--duration`` seconds on a KV cache that fits every client, without
+  faults.
 
 Every answer is compared with plain decoding's answer to the same prompt on the same
 endpoint (token ids, streamed or not). Per method it reports requests served, failed,
@@ -102,23 +104,23 @@ class Settings:
     model: str = "smollm2-135m"
     methods: list[str] = field(default_factory=list)  # plugin methods (plain always runs first)
     method_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    servers: tuple[str, ...] = SERVER_KINDS
+    servers: tuple[str, ...] = ("stress",)
     clients: int = 8
     duration: float = 60.0  # load servers
-    stress_duration: float = 30.0
+    stress_duration: float = 60.0
     dataset: str = "mtbench"
     num_prompts: int = 16
     max_tokens: int = 64
     max_prompt_tokens: int = 320
     max_model_len: int = 512
     kv_cache_mib: int = 256
-    stress_kv_tokens: int = 576  # 4 of vLLM's 128-token CPU blocks: two or three requests
+    stress_kv_tokens: int = 640  # 5 of vLLM's 128-token CPU blocks (one is its null block)
     aborts: int = 6
     fault_every: int = 25
     bad_requests: tuple[str, ...] | None = None  # None: all
     sampling_probes: tuple[str, ...] | None = None  # None: all
     request_timeout: float = 300.0
-    start_timeout: float = 420.0
+    start_timeout: float = 900.0
     log_dir: str | None = None  # server logs (default: a temporary folder)
     progress: bool = True
 
