@@ -114,7 +114,8 @@ class Settings:
     max_prompt_tokens: int = 320
     max_model_len: int = 512
     kv_cache_mib: int = 256
-    stress_kv_tokens: int = 640  # 5 of vLLM's 128-token CPU blocks (one is its null block)
+    stress_kv_tokens: int = 640  # 20 blocks of 32 tokens (one is vLLM's null block)
+    stress_block_size: int = 32  # small blocks: requests outgrow them while decoding
     aborts: int = 6
     fault_every: int = 25
     bad_requests: tuple[str, ...] | None = None  # None: all
@@ -264,7 +265,8 @@ class Server:
     """``vllm serve`` on loopback in its own process group (stopped as a group)."""
 
     def __init__(self, model_path: str, served_name: str, spec: dict[str, Any] | None,
-                 kv_bytes: int, max_model_len: int, log: Path, env: dict[str, str]) -> None:
+                 kv_bytes: int, max_model_len: int, log: Path, env: dict[str, str],
+                 block_size: int | None = None) -> None:
         vllm_bin = Path(sys.executable).parent / "vllm"
         self.port = free_port()
         self.log = log
@@ -272,6 +274,8 @@ class Server:
                     "--host", HOST, "--port", str(self.port), "--dtype", "float32",
                     "--max-model-len", str(max_model_len), "--enforce-eager", "--seed", "0",
                     "--kv-cache-memory-bytes", str(kv_bytes), "--served-model-name", served_name]
+        if block_size:
+            self.cmd += ["--block-size", str(block_size)]
         if spec is not None:
             self.cmd += ["--speculative-config", json.dumps(spec)]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
@@ -502,7 +506,8 @@ def run_server(method: str, kind: str, s: Settings, model_path: str, prompts: li
     faults = stress and method != PLAIN and s.fault_every > 0
     env = {FAULT_ENV: str(s.fault_every)} if faults else {FAULT_ENV: ""}
     spec = spec_for(method, s, tmp)
-    server = Server(model_path, s.model, spec, kv, s.max_model_len, tmp / "server.log", env)
+    server = Server(model_path, s.model, spec, kv, s.max_model_len, tmp / "server.log", env,
+                    s.stress_block_size if stress else None)
     rec: dict[str, Any] = {"method": method, "server": kind, "spec": spec,
                            "kv_cache_tokens": kv // per_token, "fault_every": s.fault_every if faults else None,
                            "log": str(server.log), "command": shlex.join(server.cmd)}
@@ -760,6 +765,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     p.add_argument("--kv-cache-mib", type=int, default=d.kv_cache_mib, help="load servers' KV cache")
     p.add_argument("--stress-kv-tokens", type=int, default=d.stress_kv_tokens,
                    help="stress servers' KV cache, in tokens")
+    p.add_argument("--stress-block-size", type=int, default=d.stress_block_size,
+                   help="stress servers' KV-cache block size")
     p.add_argument("--aborts", type=int, default=d.aborts, help="streams that hang up, per server")
     p.add_argument("--fault-every", type=int, default=d.fault_every,
                    help=f"stress servers: every N-th draft step raises ({FAULT_ENV}; 0: none)")
@@ -803,6 +810,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
                  num_prompts=a.num_prompts, max_tokens=a.max_tokens,
                  max_prompt_tokens=a.max_prompt_tokens, max_model_len=a.max_model_len,
                  kv_cache_mib=a.kv_cache_mib, stress_kv_tokens=a.stress_kv_tokens,
+                 stress_block_size=a.stress_block_size,
                  aborts=a.aborts, fault_every=a.fault_every,
                  bad_requests=names_of(a.bad_requests, _bad_requests("m", 1)),
                  sampling_probes=names_of(a.sampling_probes, SAMPLING_PROBES),
