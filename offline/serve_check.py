@@ -561,7 +561,7 @@ def run_server(method: str, kind: str, s: Settings, model_path: str, prompts: li
                              if re.search(r"(^|\) )ERROR ", ln) and FAULT_LOGGED not in ln][:10]
         if faults:
             failed_steps = [int(x) for x in re.findall(r"failed steps (\d+)", log)]
-            end_drafts = _count(metrics(server.port), "spec_decode_num_drafts")
+            end_drafts = rec["spec_drafts"]  # at the end of the load (before the probes)
             rec["faults"] = {
                 "hook_on": FAULT_HOOK_ON in log,
                 "logged": log.count(FAULT_LOGGED),
@@ -582,6 +582,13 @@ def _faults_ok(f: dict[str, Any] | None) -> bool:
                 and (f["drafts_after_first_fault"] or 0) > 0)
 
 
+def _drafts_after_fault(rec: dict[str, Any]) -> None:
+    """Drafts vLLM counted between the first fault and the end of the load."""
+    f = rec.get("faults")
+    if f and f.get("drafts_at_first_fault") is not None:
+        f["drafts_after_first_fault"] = rec["spec_drafts"] - f["drafts_at_first_fault"]
+
+
 def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str, Any]:
     """One table row from a method's server records, with the list of what went wrong."""
     row: dict[str, Any] = {"method": method, "servers": recs, "problems": []}
@@ -590,6 +597,8 @@ def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str,
         if "error" in r:
             probs.append(f"{r['server']} server: {r['error'].splitlines()[0]}")
     ok = [r for r in recs if "error" not in r]
+    for r in ok:
+        _drafts_after_fault(r)
 
     def tot(k: str) -> int:
         return sum(r.get(k, 0) for r in ok)

@@ -124,7 +124,7 @@ def test_the_whole_check_resumes_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_selfspec.assets, "resolve_model", lambda name: name)
     out = tmp_path / "check.json"
     argv = ["--model", "m", "--methods", "ngrammys,swift", "--duration", "1", "--stress-duration",
-            "1", "--clients", "2", "--aborts", "1", "--no-progress", "--json", str(out),
+            "2.5", "--clients", "2", "--aborts", "1", "--no-progress", "--json", str(out),
             "--log-dir", str(tmp_path / "logs"), "--sampling-probes", "min_p,stop",
             "--bad-requests", "malformed_json,unknown_model,negative_max_tokens"]
     with pytest.raises(SystemExit):  # swift differs from plain
