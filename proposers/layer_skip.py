@@ -84,7 +84,8 @@ class SelfSpecProposer(Proposer):
         # frequent first, resolved at start-up (options["draft_vocab_ids"]); bound in bind()
         self.vocab: DraftVocab | None = None
         self.head: torch.Tensor | None = None  # [N, H] LM-head rows of the draft vocabulary
-        self.vocab_ids: list[int] | None = None
+        self.vocab_ids: list[int] | None = options.get("draft_vocab_ids")  # loaded at start-up
+        self._vocab_size: int | None = None  # asked for before bind()
 
     def draft_exit_config(self) -> DraftExitConfig:
         """When drafting stops (D&V §3.4: the adaptive threshold)."""
@@ -94,21 +95,23 @@ class SelfSpecProposer(Proposer):
         self.target = target
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(self.cfg.seed)
-        self.vocab_ids = self.options.get("draft_vocab_ids")  # the N ids loaded at start-up
         if self.vocab_ids is not None:
-            self.use_draft_vocab(len(self.vocab_ids))
+            self.use_draft_vocab(self._vocab_size if self._vocab_size is not None
+                                 else len(self.vocab_ids))
 
     def use_draft_vocab(self, n: int) -> None:
         """Draft over the first ``n`` (most frequent) ids loaded at start-up; 0: the full
         vocabulary (vllm_selfspec.control.set_draft_vocab switches it in a running engine)."""
-        assert self.target is not None, "bind() first"
+        have = 0 if self.vocab_ids is None else len(self.vocab_ids)
+        if n > have:
+            raise ValueError(f"draft vocabulary of {n} tokens: {have} were loaded at start-up "
+                             "(key draft_vocab)")
+        if self.target is None:  # the glue binds at the first draft step: apply it then
+            self._vocab_size = n
+            return
         if n <= 0:
             self.set_draft_vocab(None)
             return
-        if self.vocab_ids is None or n > len(self.vocab_ids):
-            have = 0 if self.vocab_ids is None else len(self.vocab_ids)
-            raise ValueError(f"draft vocabulary of {n} tokens: {have} were loaded at start-up "
-                             "(key draft_vocab)")
         self.set_draft_vocab(DraftVocab(torch.as_tensor(self.vocab_ids[:n], dtype=torch.long),
                                         int(self.target.vocab_size)))
 

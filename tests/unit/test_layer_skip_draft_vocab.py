@@ -168,3 +168,12 @@ def test_the_vocabulary_can_be_narrowed_or_switched_off_in_a_running_engine():
     assert p.vocab.size == 4
     with pytest.raises(ValueError, match="4 were loaded"):
         p.use_draft_vocab(5)
+
+
+def test_the_size_asked_for_before_bind_applies_at_bind():
+    p = SelfSpecProposer(2, {"mask": SkipMask(), "draft_vocab_ids": [9, 3, 4]})
+    p.use_draft_vocab(0)  # an engine binds at its first draft step
+    p.bind(HeadTarget())
+    assert p.vocab is None
+    p.use_draft_vocab(2)
+    assert p.vocab.size == 2
