@@ -647,20 +647,24 @@ def table(rows: list[dict[str, Any]]) -> str:
         return f"{'yes' if flag else 'NO'} ({n})"
 
     lines = ["| method | served | failed | identical to plain | aborts survived | preemptions "
-             "survived | injected faults survived | bad requests 4xx | sampling params refused |",
-             "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]
+             "survived | injected faults survived | bad requests 4xx | sampling params refused "
+             "(4xx) | up after the probes |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
     for r in rows:
         pre = "—" if r["preemptions"] is None else yes(r["preemptions_survived"], r["preemptions"])
         if r["method"] == PLAIN or r["faults"] is None:
             flt = "—"
         else:
             n = r["faults"].get("failed_steps")
-            flt = yes(r["faults_survived"], f"{n} steps" if n else "logged once")
+            flt = yes(r["faults_survived"], f"{n} failed step{'s' * (n > 1)}" if n else "logged once")
         bad = f"{r['bad_4xx']}/{r['bad_total']}" if r["bad_total"] else "—"
         refused = ", ".join(f"`{k}`" for k in r["refused"]) or ("none" if r["sampling"] else "—")
+        first_5xx = next((f"`{k}` got {v['status']}" for k, v in (r["sampling"] or {}).items()
+                          if v["status"] is None or v["status"] >= 500), "")
+        up = "yes" if r["up_after"] else "NO" + (f" ({first_5xx})" if first_5xx else "")
         lines.append(f"| `{r['method']}` | {r['served']} | {r['failed']} | "
                      f"{r['identical']}/{r['compared']} | {r['aborts_survived']}/{r['aborts']} | "
-                     f"{pre} | {flt} | {bad} | {refused} |")
+                     f"{pre} | {flt} | {bad} | {refused} | {up} |")
     return "\n".join(lines)
 
 

@@ -84,14 +84,17 @@ def test_rows_say_what_went_wrong():
              sampling={"min_p": {"status": 400}, "stop": {"status": 200}}),
         _rec("stress", preemptions=5, faults=faults)], s)
     assert good["problems"] == [] and good["refused"] == ["min_p"] and good["served"] == 20
-    assert "| `ngrammys` | 20 | 0 | 20/20 | 4/4 | yes (5) | yes (4 steps) | 2/2 | `min_p` |" in \
-        sc.table([good])
+    assert "| `ngrammys` | 20 | 0 | 20/20 | 4/4 | yes (5) | yes (4 failed steps) | 2/2 | `min_p` " \
+        "| yes |" in sc.table([good])
     bad = sc.summarize("swift", [
-        _rec("load", identical=9, bad_requests={"a": 500}, sampling={"n": {"status": 500}}),
+        _rec("load", identical=9, bad_requests={"a": 500}, sampling={"n": {"status": 500}},
+             up_after=False),
         _rec("stress", preemptions=0, faults={**faults, "logged": 2})], s)
     text = " | ".join(bad["problems"])
-    for what in ("differ from plain", "without a 4xx", "5xx", "no preemption", "faults not survived"):
+    for what in ("differ from plain", "without a 4xx", "5xx", "no preemption", "faults not survived",
+                 "not answering"):
         assert what in text
+    assert sc.table([bad]).endswith("| NO (`n` got 500) |")
     down = sc.summarize("chimera", [{"method": "chimera", "server": "load", "error": "exited\nlog"}], s)
     assert any("exited" in p for p in down["problems"]) and not down["up_after"]
 
