@@ -31,9 +31,14 @@ def uniform_engine(model_path):
 
 @pytest.fixture(scope="module")
 def empty_engine(model_path):
+    """Started with a draft vocabulary of 4096 (the shipped Chimera checkpoint's most
+    frequent tokens), switched to the full vocabulary for every test but the one
+    that tests the draft vocabulary."""
     llm = make_llm(model_path,
                    speculative_config={"method": "selfspec", "num_speculative_tokens": 4,
-                                       "skip_mask": EMPTY, "cost_gate": False})
+                                       "skip_mask": EMPTY, "cost_gate": False,
+                                       "draft_vocab": 4096})
+    llm.collective_rpc(control.set_draft_vocab, args=(0,))
     yield llm
     shutdown(llm)
 
@@ -65,6 +70,26 @@ def test_empty_mask_sampling_accepts_everything(empty_engine, eval_prompts, para
     acc = acceptance(outs)
     assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
+
+
+def test_draft_vocabulary_keeps_greedy_output_identical(empty_engine, eval_prompts, reference):
+    """Drafts over the 4096 most frequent tokens, verified over the full vocabulary:
+    greedy output unchanged; a draft the full model would make outside the vocabulary
+    is simply not made, so acceptance stays near the vocabulary's coverage. Sampled:
+    q scattered into the full vocabulary, so the rejection sampler accepts as often."""
+    described = empty_engine.collective_rpc(control.set_draft_vocab, args=(4096,))[0]
+    try:
+        greedy = empty_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
+        sampled = empty_engine.generate(
+            eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=1),
+            use_tqdm=False)
+    finally:
+        empty_engine.collective_rpc(control.set_draft_vocab, args=(0,))
+    assert "draft vocabulary 4096" in described
+    assert token_ids(greedy) == reference
+    acc, acc_s = acceptance(greedy), acceptance(sampled)
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.5, acc
+    assert acc_s.draft_tokens >= 50 and acc_s.acceptance_rate >= 0.4, acc_s
 
 
 def test_mixed_greedy_and_sampled_batch(uniform_engine, eval_prompts, reference):
