@@ -69,7 +69,7 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
     from vllm_selfspec.proposers.ngram_tables import NO_TABLE, BigramTable
 
     path = opts.get("bigram_table")
-    if str(path).lower() == NO_TABLE:
+    if isinstance(path, str) and path.lower() == NO_TABLE:
         return  # context n-grams only: no table to find, build or load
     if not path:
         try:
