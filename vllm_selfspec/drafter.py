@@ -129,6 +129,7 @@ class PluginDrafter:
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us
+        patches.patch_top_k_empty()
 
     # ---- vLLM custom_class contract -------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:

@@ -15,6 +15,10 @@ P4  vllm.utils.cpu_triton_utils._expand_kernel_impl (CPU only): the C++ shim
     writes into a temporary copy for non-int64 outputs, so the expanded
     temperature/top-p buffers of the rejection sampler are never written and
     every non-greedy verification on CPU is wrong (vLLM issue #55005, PR #55006).
+P5  vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_only: on CPU the rejection sampler
+    reaches it with zero rows when a step verifies no draft tokens, and ``k.max()`` of an
+    empty tensor raises, so one sampled request with ``top_k`` killed the engine
+    (topk_topp_sampler.py:517-536). Zero rows: nothing to mask.
 """
 
 from __future__ import annotations
@@ -217,4 +221,27 @@ def patch_cpu_expand() -> bool:
                 wrapper._forward_by_name = False
     except Exception as e:  # pragma: no cover - defensive, never fatal
         logger.warning("vllm_selfspec: could not re-point the registered CPU expand kernel: %s", e)
+    return True
+
+
+# --------------------------------------------------------------------------- P5
+def patch_top_k_empty() -> bool:
+    """P5: ``apply_top_k_only`` returns zero-row logits untouched instead of raising."""
+    from vllm.v1.sample.ops import topk_topp_sampler as tks
+
+    current = getattr(tks, "apply_top_k_only", None)
+    if current is None:
+        return False  # gone upstream; nothing to do
+    if _marked(current):
+        return True
+    _check_params(current, ["logits", "k"], "topk_topp_sampler.apply_top_k_only")
+    original = current
+
+    @functools.wraps(original)
+    def apply_top_k_only(logits: Any, k: Any) -> Any:
+        if logits.shape[0] == 0 or k.numel() == 0:
+            return logits
+        return original(logits, k)
+
+    tks.apply_top_k_only = _mark(apply_top_k_only)
     return True

@@ -175,3 +175,4 @@ def register() -> None:
     patches.patch_speculative_config(translate_speculative_config)
     patches.patch_lookahead(plugin_options)
     patches.patch_cpu_expand()
+    patches.patch_top_k_empty()

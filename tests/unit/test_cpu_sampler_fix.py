@@ -97,3 +97,23 @@ def test_rejection_sampling_with_q_keeps_the_target_distribution(registered):
     assert torch.allclose(freq, p, atol=0.025), (freq, p)
     accepted = (first == draft.long()).float().mean()
     assert abs(float(accepted) - float(torch.minimum(p, q).sum())) < 0.03
+
+
+def test_top_k_with_no_draft_rows_does_not_raise():
+    """P5: a step that verifies no draft tokens hands the rejection sampler zero rows; with a
+    sampled request's top_k that used to raise in ``k.max()`` and kill the engine."""
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler as tks
+
+    from vllm_selfspec import patches
+
+    assert patches.patch_top_k_empty() and patches.patch_top_k_empty()  # idempotent
+    empty = torch.empty(0, 16)
+    out = tks.apply_top_k_top_p_pytorch(empty, torch.empty(0, dtype=torch.int32), None,
+                                        allow_cpu_sync=True)
+    assert out.shape == (0, 16)
+    logits = torch.arange(8.0).repeat(2, 1)
+    out = tks.apply_top_k_top_p_pytorch(logits.clone(), torch.tensor([2, 8]), None,
+                                        allow_cpu_sync=True)
+    assert torch.isinf(out[0, :6]).all() and not torch.isinf(out[0, 6:]).any()
+    assert not torch.isinf(out[1]).any()
