@@ -17,6 +17,11 @@ equals the continuation, so every strategy can be replayed without the engine:
   "est. speedup" charges each verified draft token ``verify_per_token`` of a
   decode step (results/draft-cost.json, measured on this machine).
 
+* sources: where the chain comes from — the request's own context, earlier requests
+  (``history_tokens``: the prompts and answers of the prompts replayed before it, in
+  order, as an engine serving them one after another would hold them), the bigram
+  table — alone and combined, with the engine's proposer.
+
 Writes OUT-DIR/ngrammys-calls.json, figure2.png and a table on stdout.
 """
 
@@ -148,6 +153,23 @@ def realizations(data: list[tuple[list[int], list[int]]], table: BigramTable,
     return rows
 
 
+def sources(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
+            history_tokens: int, vpt: float) -> list[dict[str, Any]]:
+    """Tokens per call of each draft source alone and combined (one chain per step, the
+    engine's proposer; one proposer over all prompts so earlier requests accumulate)."""
+    combos = {"context": (False, False), "context + history": (False, True),
+              "context + bigram (ngrammys)": (True, False),
+              "context + history + bigram": (True, True)}
+    out = []
+    for name, (bigram, history) in combos.items():
+        prop = NGrammysProposer(width, {"table": table if bigram else None,
+                                        "bigram_table": None if bigram else "none",
+                                        "history_tokens": history_tokens if history else 0})
+        out.append({"sources": name, "chain": summarize(
+            [replay_proposer(p, c, prop) for p, c in data], vpt)})
+    return out
+
+
 def draw(fig: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
     import matplotlib
 
@@ -184,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--grid-ks", default="1,5,10,25")
     p.add_argument("--cost", default="results/draft-cost.json",
                    help="draft-cost JSON with cost_model.verify_per_token")
+    p.add_argument("--history-tokens", type=int, default=262_144,
+                   help="bound of the earlier-requests buffer in the sources table")
     p.add_argument("--out-dir", default="results/ngrammys")
     args = p.parse_args(argv)
     from tqdm import tqdm
@@ -203,12 +227,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [int(x) for x in args.queries.split(",")], ("first", "likelihood"), (False, True))
             for bw in sorted({min(b, w) for b in bws} | {w})]
     report: dict[str, Any] = {"config": vars(args), "verify_per_token": vpt, "figure2": {},
-                              "realizations": {}}
+                              "realizations": {}, "sources": {}}
     for ds in args.datasets.split(","):
         prompts, conts = continuations(path, ds, args.split, args.num_prompts, args.max_tokens,
                                        out / f"continuations-{ds}-{args.split}.json")
         data = list(zip(prompts, conts))
         report["figure2"][ds] = figure2(data, table, ks, vpt)
+        report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt)
         report["realizations"][ds] = realizations(
             data, table, grid, vpt, lambda it, ds=ds: tqdm(it, desc=f"{ds} realizations"))
     out.mkdir(parents=True, exist_ok=True)
@@ -227,6 +252,13 @@ def print_tables(report: dict[str, Any]) -> None:
         print("|---|" + "---:|" * len(ks))
         for name, pts in curves.items():
             print(f"| {name} | " + " | ".join(f"{p['tokens_per_call']:.2f}" for p in pts) + " |")
+    for ds, rows in report.get("sources", {}).items():
+        print(f"\n### {ds}: draft sources (one chain of 8 per step)")
+        print("| sources | tok/call | est. speedup |")
+        print("|---|---:|---:|")
+        for r in rows:
+            print(f"| {r['sources']} | {r['chain']['tokens_per_call']:.2f} | "
+                  f"{r['chain']['est_speedup']:.2f} |")
     for ds, rows in report["realizations"].items():
         best = sorted(rows, key=lambda r: -r["chain"]["est_speedup"])[:8]
         print(f"\n### {ds}: realizations, best 8 by estimated speedup of the chain")

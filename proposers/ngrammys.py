@@ -17,6 +17,10 @@ as in the paper. Realizations here (issue "ngrammys", README):
     target emitted next are a prefix of a kept row, its remainder is proposed
     first (it continues text the target has just confirmed).
 
+Not in the paper, off by default (``history_tokens``): where the request's own context
+has no match, earlier requests' prompts and outputs (``proposers.past_requests``) come
+before the bigram rows.
+
 Drafts are deterministic (one-hot q); vLLM's rejection sampler then accepts a
 draft token x with probability p(x), which keeps sampling lossless.
 """
@@ -31,6 +35,7 @@ import numpy as np
 from .base import DraftBatch, Proposal, Proposer
 from .ngram_tables import BigramTable
 from .options import CommonOptions, option
+from .past_requests import PastRequests
 
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
@@ -121,6 +126,10 @@ class _Kept:
 
 
 SELECTIONS = ("first", "likelihood")
+HISTORY_HELP = ("draft from earlier requests where the request's own context has no match: "
+                "keep the prompts and outputs of finished requests, up to this many tokens "
+                "(4 bytes each; oldest evicted first), and propose what followed the longest "
+                "suffix of the request found there (SuffixDecoding's global tree idea). 0: off")
 DEFAULT_WIDTH = 8  # num_speculative_tokens: the chain, and the width of context rows
 
 
@@ -146,6 +155,7 @@ class NGrammysOptions(CommonOptions):
                             choices=SELECTIONS)
     keep_rows: bool = option(False, "keep unchosen rows; propose a kept row's rest when the "
                              "target's next tokens match its prefix", "bool")
+    history_tokens: int = option(0, HISTORY_HELP, "int", 0, None)
     # Drafts cost almost nothing here, so the gate's plain windows only lose time.
     cost_gate: bool = option(False, CommonOptions.__dataclass_fields__["cost_gate"]
                              .metadata["option"]["help"], "bool")
@@ -175,7 +185,9 @@ class NGrammysProposer(Proposer):
         # Only the first row is ever used: build just that one (same row, less work).
         self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}
-        self.stats.update({"from_kept": 0, "from_context": 0, "from_bigram": 0})
+        self.past = PastRequests(c.history_tokens) if c.history_tokens > 0 else None
+        self.stats.update({"from_kept": 0, "from_context": 0, "from_history": 0,
+                           "from_bigram": 0})
 
     def candidates(self, history: np.ndarray, req_id: str | None = None
                    ) -> tuple[list[list[int]], list[str]]:
@@ -192,6 +204,13 @@ class NGrammysProposer(Proposer):
         sources = ["kept"] * len(rows)
         mixed, n_context = mixed_rows_counted(history, self.table, self.rows_needed, self.width,
                                       self.max_query, self.min_query, self.bigram_width)
+        if self.past is not None and req_id is not None:
+            self.past.remember(req_id, history)  # moved into the buffer when it finishes
+        if self.past is not None and n_context == 0:
+            r = self.past.draft(history, self.width)
+            if r and r not in rows:
+                rows.append(r)
+                sources.append("history")
         for j, r in enumerate(mixed):
             if r not in rows:
                 rows.append(r)
@@ -228,6 +247,11 @@ class NGrammysProposer(Proposer):
     def finish(self, req_ids: set[str]) -> None:
         for r in req_ids:
             self.kept.pop(r, None)
+        if self.past is not None:
+            self.past.finish(req_ids)
+
+    def report(self) -> dict[str, Any]:
+        return self.past.report() if self.past is not None else {}
 
     def describe(self) -> str:
         src = self.table.source if self.table is not None else "none"

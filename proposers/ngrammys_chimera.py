@@ -7,8 +7,11 @@ own method name (``ngrammys-chimera``; ``ngrammys`` stays faithful to N-Grammys)
   ``min_query_length``) are looked up in the request's own context; a match proposes
   the tokens that followed it, up to ``num_speculative_tokens`` (near-free, and long
   and accurate on repetitive text: code, lists, quoted input);
+* earlier requests (``proposers.past_requests``, SuffixDecoding's global tree idea) where
+  the request's own context has no match: the prompts and outputs this engine has
+  already served, up to ``history_tokens`` tokens;
 * Chimera §4.1 (``proposers.chimera_drafting``) for the requests with no match, in
-  place of N-Grammys' model-derived bigram rows: its heads read the target's own
+  place of N-Grammys' model-derived bigram rows (for the requests neither source matches): its heads read the target's own
   hidden states, so they predict the next tokens of free text far better than a
   bigram table, for a tenth of a decode step per token.
 
@@ -26,9 +29,12 @@ import torch
 
 from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
-from .ngrammys import context_rows
+from .ngrammys import HISTORY_HELP, context_rows
 from .options import CommonOptions, option
+from .past_requests import PastRequests
 
+# 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here
+DEFAULT_HISTORY_TOKENS = 262_144
 DEFAULT_WIDTH = 8  # num_speculative_tokens: context drafts; Chimera drafts up to its heads
 
 
@@ -39,6 +45,7 @@ class NGrammysChimeraOptions(ChimeraOptions):
     query_length: int = option(3, "longest context query; shorter ones are tried after it down "
                                "to min_query_length", "int", 1, 16, symbol="q")
     min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     # Context drafts are free and long; a gate that learns one acceptance curve for both
     # sources would cut them short (measured: README, "ngrammys-chimera").
     cost_gate: bool = option(False, CommonOptions.__dataclass_fields__["cost_gate"]
@@ -52,7 +59,9 @@ class NGrammysChimeraProposer(ChimeraProposer):
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
-        self.stats.update({"from_context": 0, "from_chimera": 0})
+        c = self.cfg
+        self.past = PastRequests(c.history_tokens) if c.history_tokens > 0 else None
+        self.stats.update({"from_context": 0, "from_history": 0, "from_chimera": 0})
 
     def context_draft(self, history: np.ndarray, limit: int) -> list[int]:
         c = self.cfg
@@ -64,8 +73,16 @@ class NGrammysChimeraProposer(ChimeraProposer):
 
     def describe(self) -> str:
         return (f"ngrammys-chimera: context n-grams (q {self.cfg.query_length}.."
-                f"{self.cfg.min_query_length}, up to {self.k} tokens), else "
-                + super().describe())
+                f"{self.cfg.min_query_length}, up to {self.k} tokens), else earlier requests "
+                f"({self.cfg.history_tokens} tokens kept), else " + super().describe())
+
+    def finish(self, req_ids: set[str]) -> None:
+        super().finish(req_ids)
+        if self.past is not None:
+            self.past.finish(req_ids)
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), **(self.past.report() if self.past is not None else {})}
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
@@ -79,10 +96,18 @@ class NGrammysChimeraProposer(ChimeraProposer):
             if r.max_len <= 0:
                 continue
             hist = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
-            row = self.context_draft(hist, min(r.max_len, self.k))
+            limit = min(r.max_len, self.k)
+            row = self.context_draft(hist, limit)
+            if row:
+                self.stats["from_context"] += 1
+            elif self.past is not None:
+                row = self.past.draft(hist, limit)
+                if row:
+                    self.stats["from_history"] += 1
+            if self.past is not None:
+                self.past.remember(r.req_id, hist)
             if row:
                 drafts[r.row] = [int(t) for t in row]
-                self.stats["from_context"] += 1
             else:
                 rest.append(r)
         ready = self.ready(rest)

@@ -101,3 +101,20 @@ def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, p
     p = (p_plain + p_spec) / 2
     z = (p_spec - p_plain) / math.sqrt(max(p * (1 - p), 1e-6) * 2 / N_SAMPLES)
     assert abs(z) < 4, (p_plain, p_spec, z)
+
+
+def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, plain):
+    """``history_tokens``: the second pass over the same prompts drafts the first pass's
+    answers (from the finished requests' buffer); output stays plain decoding's."""
+    llm = make_llm(model_path, speculative_config={
+        "method": "ngrammys", "cost_gate": False, "bigram_table": "none", "history_tokens": 16384})
+    try:
+        first = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        second = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+    finally:
+        shutdown(llm)
+    for outs in (first, second):
+        for i, (a, b) in enumerate(zip(token_ids(outs), plain[0])):
+            assert a == b, f"prompt {i} differs from plain decoding"
+    a1, a2 = acceptance(first), acceptance(second)
+    assert a2.accepted > a1.accepted, (a1, a2)
