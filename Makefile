@@ -50,9 +50,12 @@ peers: $(VENV)/.peers
 
 $(VENV)/.peers: $(VENV)/.installed
 	rm -rf $(VENV)/arctic-src && mkdir -p $(VENV)/arctic-src
-	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(VENV)/arctic-src $(ARCTIC)
-	tar xzf $(VENV)/arctic-src/*.tar.gz -C $(VENV)/arctic-src
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip install -q nanobind==2.9.2 cmake ninja grpcio-tools
+	# --no-build-isolation: reading the sdist's metadata in an isolated env would build its
+	# build requirements (torch included) from source under --no-binary
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pip download -q --no-deps --no-build-isolation \
+		--no-binary arctic-inference -d $(VENV)/arctic-src $(ARCTIC)
+	tar xzf $(VENV)/arctic-src/*.tar.gz -C $(VENV)/arctic-src
 	cd $(VENV)/arctic-src/arctic_inference-* && PATH="$(abspath $(BIN)):$$PATH" \
 		$(abspath $(BIN))/pip install -q --no-deps --no-build-isolation .
 	$(BIN)/python -c "import arctic_inference.suffix_decoding"
