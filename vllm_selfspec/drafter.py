@@ -96,6 +96,7 @@ class PluginDrafter:
         self.opts = dict(opts)
         self.method = methods.METHODS[opts["method"]]
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.known: set[str] = set()  # the runner's requests at the last draft step
         cls = proposer_class(self.method)
         kwargs = dict(opts)
         if "mask" in opts:
@@ -175,10 +176,24 @@ class PluginDrafter:
             logger.info("vllm_selfspec: %s", self.proposer.describe())
         return self.view
 
+    def _finished(self, runner: Any, ctx: DraftContext) -> set[str]:
+        """Requests finished since the last draft step. The scheduler's
+        ``finished_req_ids`` alone miss some: when the last running request finishes,
+        vLLM hands its id to a step with no tokens to run, which returns before sampling
+        (``GPUModelRunner.execute_model``), so the drafter never sees it. A request the
+        runner no longer holds (``runner.requests``, cleared in ``_update_states``) has
+        finished too (or was preempted: its state is rebuilt when it resumes)."""
+        finished = set(getattr(ctx.scheduler_output, "finished_req_ids", None) or ())
+        live = getattr(runner, "requests", None)
+        if isinstance(live, dict):
+            finished |= self.known - live.keys()
+            self.known = set(live.keys())
+        return finished
+
     @torch.inference_mode()
     def propose_with_runner(self, runner: Any, ctx: DraftContext
                             ) -> tuple[list[list[int]], torch.Tensor | None]:
-        finished = getattr(ctx.scheduler_output, "finished_req_ids", None)
+        finished = self._finished(runner, ctx)
         nothing: list[list[int]] = [[] for _ in ctx.req_ids]
         batch: DraftBatch | None = None
         try:

@@ -99,3 +99,18 @@ def test_injected_faults_are_survived(caplog):
     p.propose(batch)  # the 8th call
     with pytest.raises(InjectedFault, match="VLLM_SELFSPEC_FAULT_EVERY=3"):
         p.propose(batch)
+
+
+def test_finished_requests_include_those_the_scheduler_reported_to_an_empty_step():
+    """The last running request's finish goes to a step with nothing to run (no draft
+    step follows it), so the drafter also counts requests the runner no longer holds."""
+    from vllm_selfspec.drafter import PluginDrafter
+
+    d = SimpleNamespace(known=set())
+    step = lambda live, fin=(): PluginDrafter._finished(  # noqa: E731
+        d, SimpleNamespace(requests=dict.fromkeys(live)),
+        SimpleNamespace(scheduler_output=SimpleNamespace(finished_req_ids=set(fin))))
+    assert step(["a"]) == set()
+    assert step(["b"]) == {"a"}  # a's finish was handed to an empty step
+    assert step(["b", "c"], {"x"}) == {"x"}
+    assert step([]) == {"b", "c"}
