@@ -24,8 +24,9 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     d = _drafter(worker)
     out: dict[str, Any] = dict(d.proposer.stats)
     view = d.view
-    if view is not None:
-        out.update(view.timing)
+    if view is not None:  # the proposer's own timing (Chimera's draft_seconds) wins
+        for k, v in view.timing.items():
+            out.setdefault(k, v)
     ex = getattr(d.proposer, "exit", None)
     if ex is not None:
         out["draft_exit_threshold"] = ex.threshold
