@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="draft-cost JSON with cost_model.verify_per_token")
     p.add_argument("--history-tokens", type=int, default=262_144,
                    help="bound of the earlier-requests buffer in the sources table")
+    p.add_argument("--sources-only", action="store_true",
+                   help="only the draft-sources table (writes OUT-DIR/sources.json)")
     p.add_argument("--out-dir", default="results/ngrammys")
     args = p.parse_args(argv)
     from tqdm import tqdm
@@ -234,10 +236,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = list(zip(prompts, conts))
         report["figure2"][ds] = figure2(data, table, ks, vpt)
         report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt)
+        if args.sources_only:
+            continue
         report["realizations"][ds] = realizations(
             data, table, grid, vpt, lambda it, ds=ds: tqdm(it, desc=f"{ds} realizations"))
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"-{args.split}"
+    if args.sources_only:
+        (out / f"sources{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
+        print_tables(report)
+        return report
     (out / f"ngrammys-calls{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
     draw(report["figure2"], out / f"figure2{suffix}.png")
     print_tables(report)
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def print_tables(report: dict[str, Any]) -> None:
-    for ds, curves in report["figure2"].items():
+    for ds, curves in report.get("figure2", {}).items():
         print(f"\n### {ds}: tokens per call of the batched oracle (Figure 2)")
         ks = [p["k"] for p in next(iter(curves.values()))]
         print("| strategy | " + " | ".join(f"k={k}" for k in ks) + " |")
