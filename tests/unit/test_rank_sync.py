@@ -257,7 +257,7 @@ def _ctx(rows: int = 2) -> DraftContext:
 
 def _drafter(group: FakeGroup, gate_limit: int, fail_setup: bool = False) -> PluginDrafter:
     d = PluginDrafter.__new__(PluginDrafter)  # the parts propose_with_runner uses
-    d.k, d.opts, d.drafting, d._phase_changes = 4, {}, True, 0
+    d.k, d.opts, d.drafting, d._phase_changes, d.known = 4, {}, True, 0, set()
     d._last_stats = time.monotonic()
     d.proposer = SelfSpecProposer(4, {"mask": SkipMask(frozenset({1}), frozenset())})
     d.view = TPTarget(group)

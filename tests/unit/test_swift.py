@@ -194,7 +194,7 @@ def test_reenters_optimization_when_acceptance_drops():
 
 def test_optimization_stays_within_its_share_of_engine_time(monkeypatch):
     """Each optimization step costs 10 ms here; engine steps take 50 ms. With a 2% budget
-    the optimizer runs about one step in 10, and its time stays under 2% (+ one step)."""
+    the optimizer runs about one step in 10, and its time stays under 2%."""
     import vllm_selfspec.proposers.swift as sw
 
     clock = [0.0]
@@ -212,7 +212,7 @@ def test_optimization_stays_within_its_share_of_engine_time(monkeypatch):
         clock[0] += 0.05
     steps = p.stats["opt_steps"]
     assert 80 <= steps <= 110, steps  # 2% of 50 s served is 1 s: ~100 steps of 10 ms
-    assert p.stats["opt_seconds"] <= 0.02 * p.stats["served_seconds"] + 0.011
+    assert p.stats["opt_seconds"] <= 0.02 * p.stats["served_seconds"]  # never a step over
 
 
 def test_report_is_json():
