@@ -31,20 +31,35 @@ class PastRequests:
         self.max_query = int(max_query)
         self.min_query = int(min_query)
         self.buffer = np.zeros(0, dtype=np.int32)
-        self.running: dict[str, np.ndarray] = {}
+        self.running: dict[str, np.ndarray] = {}  # per request: its tokens, then spare room
+        self._lengths: dict[str, int] = {}
         self.requests_added = 0
 
     def remember(self, req_id: str, tokens: np.ndarray) -> None:
-        """Keep a copy of a running request's tokens (prompt + output so far)."""
-        self.running[req_id] = np.array(tokens, dtype=np.int32, copy=True)
+        """Keep a copy of a running request's tokens (prompt + output so far). Runs every
+        draft step: only the tokens new since the last call are written (the copy grows
+        by doubling), so a step costs its new tokens, not the whole history."""
+        n = int(tokens.shape[0])
+        held = self.running.get(req_id)
+        start = self._lengths.get(req_id, 0) if held is not None else 0
+        if held is None or n > held.size:
+            grown = np.empty(max(n, 2 * (held.size if held is not None else 0)), dtype=np.int32)
+            if held is not None:
+                grown[:start] = held[:start]
+            held = self.running[req_id] = grown
+        start = min(start, n)  # shorter after a preemption: rewrite from there
+        held[start:n] = tokens[start:n]
+        self._lengths[req_id] = n
 
     def finish(self, req_ids: set[str]) -> None:
         """Move finished (or aborted) requests' tokens into the buffer, evicting the oldest."""
         parts = [self.buffer]
         for r in sorted(req_ids):  # sorted: the same buffer on every TP rank
             toks = self.running.pop(r, None)
-            if toks is None or toks.size == 0:
+            n = self._lengths.pop(r, 0)
+            if toks is None or n == 0:
                 continue
+            toks = toks[:n]
             parts += [toks[-(self.max_tokens - 1):], np.asarray([SEPARATOR], dtype=np.int32)]
             self.requests_added += 1
         if len(parts) == 1:
