@@ -190,6 +190,82 @@ def draw(fig: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
     f.savefig(path, dpi=120)
 
 
+def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
+                cut: dict[str, int] | None = None) -> list[tuple[str, int, int]]:
+    """(source, drafted, accepted) of every step of the engine's proposer over ``data``
+    (one proposer, requests in order, as ``sources``); ``cut``: the most tokens drafted
+    from each source."""
+    steps = []
+    for i, (prompt, cont) in enumerate(data):
+        rid = f"r{i}"
+        hist, t = list(prompt) + cont[:1], 1
+        while t < len(cont):
+            h = np.asarray(hist)
+            rows, srcs = prop.candidates(h, rid)
+            j = prop.choose(h, rows, srcs)
+            src = srcs[j] if j >= 0 else "none"
+            row = rows[j][: max(0, len(cont) - t - 1)] if j >= 0 else []
+            if cut is not None:
+                row = row[: cut.get(src, len(row))]
+            a = match_len(row, cont[t:])
+            steps.append((src, len(row), a))
+            hist += cont[t: t + a + 1]
+            t += a + 1
+        prop.finish({rid})
+    return steps
+
+
+def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
+                 history_tokens: int, vpt: float) -> list[dict[str, Any]]:
+    """Issue 16's per-request draft length, measured before it is built: the acceptance
+    of each chain position given the ones before it were accepted, per source; the
+    length per source that maximises (1 + E[accepted]) / (1 + d * verify cost); the
+    estimated speedup with those lengths; and the ceiling (every step drafts exactly
+    what the target accepts: no length rule can beat it)."""
+    out = []
+    for name, hist in (("ngrammys", 0), ("ngrammys + history", history_tokens)):
+        def proposer(hist: int = hist) -> NGrammysProposer:
+            return NGrammysProposer(width, {"table": table, "history_tokens": hist})
+
+        steps = chain_steps(data, proposer())
+        tokens = sum(len(c) for _, c in data)
+        calls = len(steps) + len(data)
+        per_source: dict[str, Any] = {}
+        cut: dict[str, int] = {}
+        for src in sorted({s for s, _, _ in steps}):
+            tries, hits = np.zeros(width), np.zeros(width)
+            for s, d, a in steps:
+                if s != src:
+                    continue
+                for i in range(min(d, width)):
+                    if i > a:
+                        break
+                    tries[i] += 1
+                    hits[i] += i < a
+            cond = [float(h / t) if t else 0.0 for h, t in zip(hits, tries)]
+            reach = np.cumprod(cond)
+            gains = [(1 + reach[:d].sum()) / (1 + d * vpt) for d in range(width + 1)]
+            cut[src] = int(np.argmax(gains))
+            per_source[src] = {"steps": sum(1 for s, _, _ in steps if s == src),
+                               "acceptance_given_reached": [round(c, 3) for c in cond],
+                               "tried": tries.astype(int).tolist(), "best_length": cut[src]}
+        cut_steps = chain_steps(data, proposer(), cut)
+        fixed = sum(d for _, d, _ in steps)
+        accepted = sum(a for _, _, a in steps)
+        cut_calls = len(cut_steps) + len(data)
+        out.append({
+            "drafter": name, "sources": per_source,
+            "fixed": {"tokens_per_call": tokens / calls, "drafted_per_step": fixed / len(steps),
+                      "est_speedup": tokens / (calls + vpt * fixed)},
+            "per_source_length": {
+                "tokens_per_call": tokens / cut_calls,
+                "drafted_per_step": sum(d for _, d, _ in cut_steps) / len(cut_steps),
+                "est_speedup": tokens / (cut_calls + vpt * sum(d for _, d, _ in cut_steps))},
+            "ceiling": {"tokens_per_call": tokens / calls, "drafted_per_step": accepted / len(steps),
+                        "est_speedup": tokens / (calls + vpt * accepted)}})
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -210,6 +286,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="bound of the earlier-requests buffer in the sources table")
     p.add_argument("--sources-only", action="store_true",
                    help="only the draft-sources table (writes OUT-DIR/sources.json)")
+    p.add_argument("--draft-length", action="store_true",
+                   help="only the draft-length study (writes OUT-DIR/draft-length.json): "
+                        "acceptance per chain position and source, the best length per "
+                        "source, and the ceiling of any length rule")
     p.add_argument("--out-dir", default="results/ngrammys")
     args = p.parse_args(argv)
     from tqdm import tqdm
@@ -229,11 +309,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [int(x) for x in args.queries.split(",")], ("first", "likelihood"), (False, True))
             for bw in sorted({min(b, w) for b in bws} | {w})]
     report: dict[str, Any] = {"config": vars(args), "verify_per_token": vpt, "figure2": {},
-                              "realizations": {}, "sources": {}}
+                              "realizations": {}, "sources": {}, "draft_length": {}}
     for ds in args.datasets.split(","):
         prompts, conts = continuations(path, ds, args.split, args.num_prompts, args.max_tokens,
                                        out / f"continuations-{ds}-{args.split}.json")
         data = list(zip(prompts, conts))
+        if args.draft_length:
+            report["draft_length"][ds] = draft_length(data, table, 8, args.history_tokens, vpt)
+            continue
         report["figure2"][ds] = figure2(data, table, ks, vpt)
         report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt)
         if args.sources_only:
@@ -242,6 +325,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             data, table, grid, vpt, lambda it, ds=ds: tqdm(it, desc=f"{ds} realizations"))
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"-{args.split}"
+    if args.draft_length:
+        (out / f"draft-length{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
+        print_tables(report)
+        return report
     if args.sources_only:
         (out / f"sources{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
         print_tables(report)
@@ -267,7 +354,21 @@ def print_tables(report: dict[str, Any]) -> None:
         for r in rows:
             print(f"| {r['sources']} | {r['chain']['tokens_per_call']:.2f} | "
                   f"{r['chain']['est_speedup']:.2f} |")
-    for ds, rows in report["realizations"].items():
+    for ds, rows in report.get("draft_length", {}).items():
+        print(f"\n### {ds}: draft length (est. speedup charges {report['verify_per_token']:.3f} "
+              "of a decode step per drafted token)")
+        print("| drafter | fixed: drafted/step, est. | per-source length: drafted/step, est. "
+              "| ceiling: drafted/step, est. | lengths | P(accept position i \\| reached) |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            f, c, top = r["fixed"], r["per_source_length"], r["ceiling"]
+            lengths = ", ".join(f"{s} {v['best_length']}" for s, v in r["sources"].items())
+            accept = "; ".join(f"{s}: " + " ".join(f"{x:.2f}" for x in v["acceptance_given_reached"]
+                                                    if x) for s, v in r["sources"].items())
+            print(f"| {r['drafter']} | {f['drafted_per_step']:.2f}, {f['est_speedup']:.3f} | "
+                  f"{c['drafted_per_step']:.2f}, {c['est_speedup']:.3f} | "
+                  f"{top['drafted_per_step']:.2f}, {top['est_speedup']:.3f} | {lengths} | {accept} |")
+    for ds, rows in report.get("realizations", {}).items():
         best = sorted(rows, key=lambda r: -r["chain"]["est_speedup"])[:8]
         print(f"\n### {ds}: realizations, best 8 by estimated speedup of the chain")
         print("| k | w | bigram w | q | selection | keep_rows | (a/c) chain tok/call | est. speedup "
