@@ -18,6 +18,12 @@ reads (proposers/expected_speedup.py: CostModel).
 
     python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
     python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary
+    python tools/draft_cost.py --compile-draft both --json out.json  # eager vs compiled pass
+
+Variants (draft vocabulary x eager/compiled draft pass, key ``compile_draft``) are
+timed interleaved, prompt by prompt, in one engine; "fit" and "cost_model" are those
+of the first draft vocabulary with the compiled pass where it was timed (what the
+engine runs by default), "by_variant" holds every one.
 """
 
 from __future__ import annotations
@@ -44,7 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma list of draft vocabulary sizes N (key draft_vocab: draft logits "
                         "over the N most frequent tokens; 0: the full LM head), timed "
                         "interleaved prompt by prompt in one engine; the first one fills "
-                        "'fit' and 'cost_model', every one 'by_draft_vocab'")
+                        "'fit' and 'cost_model', every one 'by_variant'")
+    p.add_argument("--compile-draft", choices=("off", "on", "both"), default="off",
+                   help="key compile_draft: time the eager draft pass, the compiled one "
+                        "(torch.compile per mask; its compile step is not timed) or both")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
     return p.parse_args(argv)
@@ -132,28 +141,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     masks = [(f"kept {f:g}", mask_for_fraction(num_layers, f)) for f in fractions]
     masks += [("no inner attention", {"attention": inner, "mlp": []}),
               ("no inner MLP", {"attention": [], "mlp": inner})]
+    compiled_modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile_draft]
+    variants = [(n, c) for c in compiled_modes for n in vocabs]
     rows = []
     for label, mask in tqdm(masks, desc="draft cost per mask"):
         spec.collective_rpc(control.set_skip_mask, args=(mask,))
         spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
-        spec.generate(warm, sp, use_tqdm=False)  # warm this mask
-        # every draft vocabulary on the same prompt in turn: machine drift hits them alike
-        seconds = {n: 0.0 for n in vocabs}
-        tokens = {n: 0 for n in vocabs}
+        for c in compiled_modes:  # warm this mask (and compile its walk)
+            spec.collective_rpc(control.set_compile_walks, args=(c,))
+            spec.generate(warm, sp, use_tqdm=False)
+        # every variant on the same prompt in turn: machine drift hits them alike
+        seconds = {v: 0.0 for v in variants}
+        tokens = {v: 0 for v in variants}
         for p in timed:
-            for n in vocabs:
+            for n, c in variants:
+                spec.collective_rpc(control.set_compile_walks, args=(c,))
                 spec.collective_rpc(control.set_draft_vocab, args=(n,))
                 spec.collective_rpc(control.reset_stats)
                 spec.generate([p], sp, use_tqdm=False)
                 s = spec.collective_rpc(control.drafter_stats)[0]
-                seconds[n] += s["draft_seconds"]
-                tokens[n] += s["draft_rows"]
+                seconds[(n, c)] += s["draft_seconds"]
+                tokens[(n, c)] += s["draft_rows"]
         kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
-        for n in vocabs:
-            per_token = seconds[n] / tokens[n]
-            rows.append({"mask": label, "draft_vocab": n, "kept_fraction": round(kept, 4),
+        for n, c in variants:
+            per_token = seconds[(n, c)] / tokens[(n, c)]
+            rows.append({"mask": label, "draft_vocab": n, "compiled": c,
+                         "kept_fraction": round(kept, 4),
                          "skipped_attention": len(mask["attention"]),
-                         "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[n],
+                         "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[(n, c)],
                          "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
     fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
     spec.llm_engine.engine_core.shutdown()
@@ -163,43 +178,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"no plain steps or no verification steps of {args.k} drafts were timed; "
                          "raise --max-tokens")
     v = (verify_k - forward_1) / (args.k * decode_s)
-    by_vocab: dict[str, Any] = {}
-    for n in vocabs:
-        mine = [r for r in rows if r["draft_vocab"] == n]
+    by_variant: dict[str, Any] = {}
+    for n, c in variants:
+        mine = [r for r in rows if r["draft_vocab"] == n and r["compiled"] == c]
         uniform_rows = [r for r in mine if r["mask"].startswith("kept")]
         a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
                         [r["ratio_to_decode_step"] for r in uniform_rows])
-        by_vocab[str(n)] = {"fit": {"slope": a, "overhead": b,
-                                    "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
-                            "cost_model": fit_cost_model(mine, num_layers, v),
-                            "uniform_rows": uniform_rows}
-    first = by_vocab[str(vocabs[0])]
+        by_variant[variant_name(n, c)] = {
+            "draft_vocab": n, "compiled": c,
+            "fit": {"slope": a, "overhead": b, "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
+            "cost_model": fit_cost_model(mine, num_layers, v), "uniform_rows": uniform_rows}
+    first = by_variant[variant_name(vocabs[0], compiled_modes[-1])]
     report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
               "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
               "rows": rows, "fit": first["fit"], "cost_model": first["cost_model"],
-              "by_draft_vocab": {n: {k: x for k, x in d.items() if k != "uniform_rows"}
-                                 for n, d in by_vocab.items()}}
+              "by_variant": {n: {k: x for k, x in d.items() if k != "uniform_rows"}
+                             for n, d in by_variant.items()}}
     print(f"plain decode step (worker): {1000 * decode_s:.1f} ms over {st['steps']} steps")
-    print("mask                 vocab   kept f   draft token ms   ratio to decode step")
+    print("mask                 vocab   pass      kept f   draft token ms   ratio to decode step")
     for r in rows:
         vocab = r["draft_vocab"] or "full"
-        print(f"{r['mask']:<20} {vocab!s:<6}  {r['kept_fraction']:.3f}    "
+        kind = "compiled" if r["compiled"] else "eager"
+        print(f"{r['mask']:<20} {vocab!s:<6}  {kind:<8}  {r['kept_fraction']:.3f}    "
               f"{1000 * r['draft_token_s']:8.1f}         {r['ratio_to_decode_step']:.3f}")
-    for n, d in by_vocab.items():
-        print(f"draft vocabulary {n if n != '0' else 'full'}: {d['fit']['formula']}; "
-              f"cost model {json.dumps(d['cost_model'])}")
+    for n, d in by_variant.items():
+        print(f"{n}: {d['fit']['formula']}; cost model {json.dumps(d['cost_model'])}")
     print(f"verifying {args.k} drafts: forward {1000 * verify_k:.1f} ms vs "
           f"{1000 * forward_1:.1f} ms for one token -> {v:.3f} decode steps per extra token")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
         plot = args.plot or str(Path(args.json_out).with_suffix(".png"))
-        draw(by_vocab, plot)
+        draw(by_variant, plot)
         print(f"wrote {args.json_out} and {plot}")
     return report
 
 
-def draw(by_vocab: dict[str, Any], path: str) -> None:
+def variant_name(draft_vocab: int, compiled: bool) -> str:
+    vocab = "full vocabulary" if draft_vocab == 0 else f"draft vocabulary {draft_vocab}"
+    return f"{vocab}, {'compiled' if compiled else 'eager'} pass"
+
+
+def draw(by_variant: dict[str, Any], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,12 +227,11 @@ def draw(by_vocab: dict[str, Any], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     top = 0.0
-    for i, (n, d) in enumerate(by_vocab.items()):
+    for i, (name, d) in enumerate(by_variant.items()):
         xs = [r["kept_fraction"] for r in d["uniform_rows"]]
         ys = [r["ratio_to_decode_step"] for r in d["uniform_rows"]]
         a, b = d["fit"]["slope"], d["fit"]["overhead"]
-        name = "full vocabulary" if n == "0" else f"draft vocabulary {n}"
-        ax.plot(xs, ys, "o", color=f"C{i}", label=f"{name}")
+        ax.plot(xs, ys, "o", color=f"C{i}", label=name)
         ax.plot([0, 1], [b, a + b], "-", color=f"C{i}", label=f"fit {a:.2f}·f + {b:.2f}")
         top = max(top, *ys)
     ax.plot([0, 1], [0, 1], ":", color="grey", label="ideal f")

@@ -93,12 +93,14 @@ class LayerSkipTarget(Protocol):
     device: torch.device
 
     def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None,
+                   settled: bool = False) -> torch.Tensor:
         """Run ``tokens`` at ``positions`` through the sub-layers ``mask`` keeps,
         writing their KV at those positions, and return logits [n, V] (with ``head``,
         LM-head rows [N, H] of a draft vocabulary: logits [n, N] over those rows only;
-        needs ``lm_head_weight``)."""
+        needs ``lm_head_weight``). ``settled``: the mask will draft for long (not a
+        SWIFT candidate of the moment), so a target that compiles its draft pass may
+        compile this mask's."""
         ...
 
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:

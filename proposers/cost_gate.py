@@ -90,6 +90,10 @@ class CostGate:
         self.last_time = now
         self.steps += 1
 
+    def skip_timing(self) -> None:
+        """The step now running is not timed (it compiled the draft pass: a one-off)."""
+        self.last_time = None
+
     def drafted(self, tokens: int, seconds: float) -> None:
         """The drafting call proposed ``tokens`` draft tokens in ``seconds``."""
         self.last_drafts = tokens

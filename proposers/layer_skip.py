@@ -23,7 +23,7 @@ import torch
 from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
-from .options import DraftSamplerOptions, draft_vocab_option, option
+from .options import DraftSamplerOptions, compile_draft_option, draft_vocab_option, option
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
 
@@ -58,6 +58,7 @@ class SelfSpecOptions(DraftSamplerOptions):
     beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
                           high_open=True, symbol="β2")
     draft_vocab: int = draft_vocab_option()
+    compile_draft: bool | None = compile_draft_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,
@@ -133,6 +134,11 @@ class SelfSpecProposer(Proposer):
         self.vocab = vocab
         self.head = vocab.rows(weight.detach()).contiguous()
 
+    @property
+    def mask_settled(self) -> bool:
+        """The mask drafts for long: a target that compiles its draft pass compiles it."""
+        return True
+
     def set_mask(self, mask: SkipMask) -> None:
         """Switch the skip mask between steps (vllm_selfspec.control.set_skip_mask)."""
         self.mask = mask
@@ -173,12 +179,9 @@ class SelfSpecProposer(Proposer):
         active = torch.arange(len(reqs), device=dev)
         vocab, head = self.vocab, self.head
         for d in range(self.k):
-            if head is None:
-                logits = self.target.draft_step(rows[active], tokens[active],
-                                                positions[active] + d, self.mask, d)
-            else:  # logits over the draft vocabulary only [n, N]
-                logits = self.target.draft_step(rows[active], tokens[active],
-                                                positions[active] + d, self.mask, d, head=head)
+            # with a draft vocabulary, logits over it only [n, N]
+            logits = self.target.draft_step(rows[active], tokens[active], positions[active] + d,
+                                            self.mask, d, head=head, settled=self.mask_settled)
             # the threshold reads the draft-vocabulary softmax; q is scattered into the full
             # vocabulary (zero outside it: exactly what the draft was drawn from)
             nxt, conf, q = choose_tokens(

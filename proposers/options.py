@@ -48,6 +48,15 @@ def draft_vocab_option() -> Any:
         "LM head", "int", 0, None)
 
 
+def compile_draft_option(default: bool | None = None, why: str = "") -> Any:
+    """Key ``compile_draft`` of the layer-skip methods (selfspec, swift, layerskip)."""
+    return option(
+        default, "compile the draft pass (torch.compile of the kept sub-layers, once per skip "
+        "mask, at its first draft step, which waits for it: tens of seconds the first time "
+        "on a CPU). none: when the engine compiles its model (not enforce_eager)" + why,
+        "bool")
+
+
 @dataclasses.dataclass(frozen=True)
 class CommonOptions:
     """Keys every method takes."""

@@ -45,7 +45,7 @@ from .base import ContextWindow, DraftBatch, Proposal, Verification
 from .draft_exit import DraftExitConfig
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from .layer_skip import SelfSpecProposer
-from .options import CommonOptions, draft_vocab_option, option
+from .options import CommonOptions, compile_draft_option, draft_vocab_option, option
 from .skip_mask import SkipMask, uniform_mask
 
 OPTIMIZE, ACCELERATE = "optimize", "accelerate"
@@ -97,6 +97,9 @@ class SwiftOptions(CommonOptions):
         "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
     draft_vocab: int = draft_vocab_option()
+    compile_draft: bool | None = compile_draft_option(
+        False, "; off by default for swift: its layer set is known only when an optimization "
+        "phase ends, mid-serving, and the compile would stall the engine then")
 
 
 class SwiftProposer(SelfSpecProposer):
@@ -133,6 +136,12 @@ class SwiftProposer(SelfSpecProposer):
     @property
     def optimizing(self) -> bool:
         return self.phase == OPTIMIZE
+
+    @property
+    def mask_settled(self) -> bool:
+        """Only the acceleration phase's layer set drafts for long (§4.2): compiling the
+        optimization phase's best-so-far sets would compile one per improvement."""
+        return self.phase == ACCELERATE
 
     def draft_exit_config(self) -> DraftExitConfig:
         """§4.2: a fixed confidence threshold, not D&V's adaptive one."""

@@ -10,7 +10,8 @@ operations, in the same order.
 
 from __future__ import annotations
 
-from typing import Iterable
+import types
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -77,6 +78,25 @@ class PreNormDecoderAdapter:
         h, _ = self.inner.norm(h, residual)
         return h
 
+    def compiled_run(self, skip_attention: frozenset[int], skip_mlp: frozenset[int]
+                     ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``run`` for one skip mask, compiled (torch.compile, inductor, dynamic rows).
+
+        Each mask gets a code object of its own, so Dynamo caches its graph apart from
+        every other mask's (its cache and recompile limit are per code object). The
+        number of rows is a dynamic size, which Dynamo specialises when it is 1: callers
+        pass at least 2 rows (``TargetView.draft_step`` pads a single row), so one graph
+        serves every batch and only the first call compiles."""
+        tag = "_".join(("a", *map(str, sorted(skip_attention)), "m", *map(str, sorted(skip_mlp))))
+        code = _draft_walk.__code__.replace(co_name=f"draft_walk_{tag}"[:200])
+        compiled = torch.compile(types.FunctionType(code, _draft_walk.__globals__, code.co_name),
+                                 dynamic=True)
+
+        def walk(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return compiled(self, skip_attention, skip_mlp, hidden, positions)
+
+        return walk
+
     def run_per_token(self, hidden: torch.Tensor, positions: torch.Tensor,
                       keep_attention: torch.Tensor, keep_mlp: torch.Tensor) -> torch.Tensor:
         """Residual stream where every token has its own mask (SWIFT §4.1.2,
@@ -130,6 +150,13 @@ class PreNormDecoderAdapter:
         """The tensors of proposers.artifacts.FINGERPRINT_TENSORS, from the live model."""
         return [self.inner.norm.weight, self.layers[0].input_layernorm.weight,
                 self.layers[-1].post_attention_layernorm.weight]
+
+
+def _draft_walk(adapter: PreNormDecoderAdapter, skip_attention: frozenset[int],
+                skip_mlp: frozenset[int], hidden: torch.Tensor, positions: torch.Tensor
+                ) -> torch.Tensor:
+    """The walk ``PreNormDecoderAdapter.compiled_run`` compiles (one copy per mask)."""
+    return adapter.run(hidden, positions, skip_attention, skip_mlp)
 
 
 def make_adapter(target: nn.Module, architecture: str) -> PreNormDecoderAdapter:

@@ -73,6 +73,16 @@ def set_draft_vocab(worker: Any, n: int) -> str:
     return d.proposer.describe()
 
 
+def set_compile_walks(worker: Any, enabled: bool) -> None:
+    """Compile the layer-skip draft walk per mask (key compile_draft) or run it eagerly."""
+    d = _drafter(worker)
+    if not d.proposer.uses_target:
+        raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass to compile")
+    d.opts["compile_draft"] = enabled  # read when the view is made (the first draft step)
+    if d.view is not None:
+        d.view.compile_walks = enabled  # compiled walks stay cached while off
+
+
 def inject_draft_failures(worker: Any, every: int) -> None:
     """Make every ``every``-th draft step raise (tests of the failure guard)."""
     d = _drafter(worker)

@@ -61,7 +61,12 @@ class TargetView:
         self.block_table: torch.Tensor | None = None
         # wall time of draft forwards (tools/draft_cost.py reads it)
         self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
-                       "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0}
+                       "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
+                       "compiles": 0, "compile_seconds": 0.0}
+        # compiled sub-layer walks, one per settled skip mask (key compile_draft; the
+        # drafter sets compile_walks)
+        self.compile_walks = False
+        self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
     def begin_step(self, common_attn_metadata: Any) -> None:
@@ -100,11 +105,17 @@ class TargetView:
         return self.adapter.lm_head_weight
 
     def draft_step(self, rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+                   mask: SkipMask, draft_index: int, head: torch.Tensor | None = None,
+                   settled: bool = False) -> torch.Tensor:
         from vllm.forward_context import set_forward_context
 
         t0 = time.perf_counter()
+        walk, compiled, fresh = self._walk(mask, settled)
+        n = int(rows.numel())
+        if n == 1 and compiled:
+            # a compiled walk takes >= 2 rows (adapters.compiled_run): the row twice. The
+            # copy writes the same KV at the same slot (draft positions only).
+            rows, tokens, positions = rows.repeat(2), tokens.repeat(2), positions.repeat(2)
         positions = positions.long()
         slots = self.slots(rows, positions)
         md = self._attn_metadata(rows, positions, slots, draft_index)
@@ -112,16 +123,35 @@ class TargetView:
         write = {names[i]: slots for i in range(self.num_layers) if i not in mask.attention}
         with set_forward_context(md, self.vllm_config, num_tokens=int(rows.numel()),
                                  slot_mapping=write):
-            hidden = self.adapter.run(self.adapter.embed(tokens.long()), positions,
-                                      mask.attention, mask.mlp)
+            hidden = walk(self.adapter.embed(tokens.long()), positions)
         # a draft vocabulary's LM-head rows [N, H] (proposers.draft_vocab), else the model's
         # own head over the full vocabulary
+        hidden = hidden[:n]
         logits = (self.adapter.logits(hidden) if head is None
                   else self.adapter.subset_logits(hidden, head))
+        seconds = time.perf_counter() - t0
+        if fresh:  # this call compiled the walk: a one-off, not the draft pass's cost
+            self.timing["compiles"] += 1
+            self.timing["compile_seconds"] += seconds
+            return logits
         self.timing["draft_calls"] += 1
-        self.timing["draft_rows"] += int(rows.numel())
-        self.timing["draft_seconds"] += time.perf_counter() - t0
+        self.timing["draft_rows"] += n
+        self.timing["draft_seconds"] += seconds
         return logits
+
+    def _walk(self, mask: SkipMask, settled: bool) -> tuple[Any, bool, bool]:
+        """(the sub-layer walk of ``mask``, whether it is compiled, whether this call
+        compiles it). With ``compile_walks`` a settled mask's walk is compiled once and
+        cached; anything else runs eagerly (the same operations, each dispatched from
+        Python)."""
+        key = (frozenset(mask.attention), frozenset(mask.mlp))
+        if not (self.compile_walks and settled):
+            return (lambda h, p: self.adapter.run(h, p, key[0], key[1])), False, False
+        walk = self._walks.get(key)
+        if walk is not None:
+            return walk, True, False
+        walk = self._walks[key] = self.adapter.compiled_run(*key)
+        return walk, True, True
 
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
         """SWIFT §4.1.2, parallel candidate evaluation: every mask predicts every

@@ -83,3 +83,18 @@ def test_probes_back_off_while_plain_wins():
     probes = [i for i, d in enumerate(plan) if d]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] == 64 and gaps[0] < 16
+
+
+def test_a_step_that_compiled_the_draft_pass_is_not_timed():
+    """key compile_draft: the first draft step of a mask compiles its walk (tens of
+    seconds, once). The drafter hands the gate the draft time without the stall and
+    the gate leaves that step out, so neither cost is taken for the stall."""
+    gate = CostGate(k=4, cfg=CostGateConfig(warmup_steps=2))
+    simulate(gate, 40, draft_cost=0.1, accept=0.7)
+    c_draft, c_verify = gate.c_draft, gate.c_verify
+    now = 100.0
+    gate.record(now, decode_only=True, verified=0)
+    gate.skip_timing()  # this step's draft call compiled for 30 s
+    gate.drafted(4, 4 * 0.1 * 0.05)
+    gate.record(now + 30.0 + 0.06, decode_only=True, verified=4)
+    assert gate.c_verify == c_verify and abs(gate.c_draft - c_draft) < 1e-3

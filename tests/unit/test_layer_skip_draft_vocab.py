@@ -34,7 +34,7 @@ class HeadTarget:
         self.lm_head_weight = torch.randn(V, H, generator=g) * 3
         self.heads = []
 
-    def draft_step(self, rows, tokens, positions, mask, draft_index, head=None):
+    def draft_step(self, rows, tokens, positions, mask, draft_index, head=None, settled=False):
         hidden = self.embed[tokens] + self.pos[positions]
         self.heads.append(None if head is None else head.shape)
         return hidden @ (self.lm_head_weight if head is None else head).t()

@@ -20,7 +20,7 @@ class FakeTarget:
         self.low_conf_at = low_conf_at or set()
         self.calls = []
 
-    def draft_step(self, rows, tokens, positions, mask, draft_index):
+    def draft_step(self, rows, tokens, positions, mask, draft_index, head=None, settled=False):
         self.calls.append((rows.tolist(), positions.tolist(), draft_index, mask))
         logits = torch.full((len(rows), V), -10.0)
         for i, (t, p) in enumerate(zip(tokens.tolist(), positions.tolist())):

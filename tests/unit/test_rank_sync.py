@@ -111,7 +111,7 @@ class TPTarget:
         self.group, self.near, self.wobble, self.score_noise = group, set(near), wobble, score_noise
         self.forwards = 0
 
-    def draft_step(self, rows, tokens, positions, mask, draft_index):
+    def draft_step(self, rows, tokens, positions, mask, draft_index, head=None, settled=False):
         self.group.exchange(f"draft forward of {int(rows.numel())} rows", None)
         self.forwards += 1
         logits = torch.full((len(rows), V), -10.0)

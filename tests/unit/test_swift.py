@@ -85,8 +85,10 @@ class FakeTarget:
     def __init__(self, bad=frozenset()):
         self.bad = set(bad)
         self.score_calls = []
+        self.settled = []
 
-    def draft_step(self, rows, tokens, positions, mask, draft_index):
+    def draft_step(self, rows, tokens, positions, mask, draft_index, head=None, settled=False):
+        self.settled.append(settled)
         logits = torch.full((len(rows), V), -10.0)
         for i, t in enumerate(tokens.tolist()):
             logits[i, (t + 1) % V] = 10.0
@@ -174,6 +176,17 @@ def test_phase_ends_with_the_best_set_and_saves_it():
     p.propose(batch())
     assert len(t.score_calls) == calls  # no optimization step in the acceleration phase
     assert [e["event"] for e in p.events] == ["start", "optimize", "accelerate"]
+
+
+def test_only_the_acceleration_phase_mask_may_be_compiled():
+    """key compile_draft: the optimization phase's best-so-far set changes with every
+    improvement, so only the acceleration phase's set is drafted as settled."""
+    p, t = make(max_tolerance_iter=3)
+    p.propose(batch())
+    assert p.phase == OPTIMIZE and t.settled and not any(t.settled)
+    q, u = make(cache_hit=True)
+    q.propose(batch())
+    assert q.phase == ACCELERATE and u.settled and all(u.settled)
 
 
 def test_reenters_optimization_when_acceptance_drops():
