@@ -53,7 +53,7 @@ def compile_draft_option(default: bool | None = None, why: str = "") -> Any:
     return option(
         default, "compile the draft pass (torch.compile of the kept sub-layers, once per skip "
         "mask, at its first draft step, which waits for it: tens of seconds the first time "
-        "on a CPU). none: when the engine compiles its model (not enforce_eager)" + why,
+        "on a CPU). none: when the engine compiles its model (not enforce_eager) on one rank" + why,
         "bool")
 
 

@@ -35,11 +35,13 @@ FAULT_ENV = "VLLM_SELFSPEC_FAULT_EVERY"
 
 def compile_draft(key: bool | None, vllm_config: Any) -> bool:
     """Key ``compile_draft``: as set, else compile the draft pass when the engine compiles
-    its model (vLLM's ``CompilationMode.NONE`` is 0: ``enforce_eager`` or mode 0)."""
+    its model (vLLM's ``CompilationMode.NONE`` is 0: ``enforce_eager`` or mode 0) on one
+    rank (the compiled walk has not been checked under tensor parallelism)."""
     if key is not None:
         return bool(key)
     mode = getattr(vllm_config.compilation_config, "mode", None)
-    return bool(mode) and not vllm_config.model_config.enforce_eager
+    return (bool(mode) and not vllm_config.model_config.enforce_eager
+            and vllm_config.parallel_config.tensor_parallel_size == 1)
 
 class InjectedFault(RuntimeError):
     """The exception the ``VLLM_SELFSPEC_FAULT_EVERY`` test hook raises."""
