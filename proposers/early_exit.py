@@ -69,7 +69,7 @@ class LayerSkipOptions(DraftSamplerOptions):
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: always "
         "num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0)
     draft_vocab: int = draft_vocab_option()
-    compile_draft: bool | None = compile_draft_option()
+    compile_draft: bool = compile_draft_option()
 
 
 class EarlyExitProposer(SelfSpecProposer):

@@ -58,7 +58,7 @@ class SelfSpecOptions(DraftSamplerOptions):
     beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
                           high_open=True, symbol="β2")
     draft_vocab: int = draft_vocab_option()
-    compile_draft: bool | None = compile_draft_option()
+    compile_draft: bool = compile_draft_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,

@@ -97,9 +97,9 @@ class SwiftOptions(CommonOptions):
         "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
     draft_vocab: int = draft_vocab_option()
-    compile_draft: bool | None = compile_draft_option(
-        False, "; off by default for swift: its layer set is known only when an optimization "
-        "phase ends, mid-serving, and the compile would stall the engine then")
+    compile_draft: bool = compile_draft_option(
+        "; swift compiles the set an optimization phase ends with, mid-serving: the engine "
+        "stalls while it compiles")
 
 
 class SwiftProposer(SelfSpecProposer):

@@ -33,16 +33,6 @@ FAULT_ENV = "VLLM_SELFSPEC_FAULT_EVERY"
 
 
 
-def compile_draft(key: bool | None, vllm_config: Any) -> bool:
-    """Key ``compile_draft``: as set, else compile the draft pass when the engine compiles
-    its model (vLLM's ``CompilationMode.NONE`` is 0: ``enforce_eager`` or mode 0) on one
-    rank (the compiled walk has not been checked under tensor parallelism)."""
-    if key is not None:
-        return bool(key)
-    mode = getattr(vllm_config.compilation_config, "mode", None)
-    return (bool(mode) and not vllm_config.model_config.enforce_eager
-            and vllm_config.parallel_config.tensor_parallel_size == 1)
-
 class InjectedFault(RuntimeError):
     """The exception the ``VLLM_SELFSPEC_FAULT_EVERY`` test hook raises."""
 
@@ -181,9 +171,8 @@ class PluginDrafter:
 
             view_cls = TargetView if self.proposer.uses_target else HiddenStateView
             self.view = view_cls(runner, self.adapter)
-            if hasattr(self.view, "compile_walks"):
-                self.view.compile_walks = compile_draft(self.opts.get("compile_draft"),
-                                                        runner.vllm_config)
+            if hasattr(self.view, "compile_walks"):  # key compile_draft
+                self.view.compile_walks = bool(self.opts.get("compile_draft"))
             self.proposer.bind(self.view)
             if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
                 self.proposer.artifact_saver = self._save_mask  # one rank writes the file

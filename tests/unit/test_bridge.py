@@ -115,17 +115,3 @@ def test_finished_requests_include_those_the_scheduler_reported_to_an_empty_step
     assert step(["b", "c"], {"x"}) == {"x"}
     assert step([]) == {"b", "c"}
 
-
-def test_compile_draft_follows_the_engine_unless_set():
-    from types import SimpleNamespace as NS
-
-    from vllm_selfspec.drafter import compile_draft
-
-    def cfg(mode=3, eager=False, tp=1):
-        return NS(compilation_config=NS(mode=mode), model_config=NS(enforce_eager=eager),
-                  parallel_config=NS(tensor_parallel_size=tp))
-
-    assert compile_draft(None, cfg())
-    assert not compile_draft(None, cfg(mode=0)) and not compile_draft(None, cfg(eager=True))
-    assert not compile_draft(None, cfg(tp=2))  # not checked under tensor parallelism
-    assert compile_draft(True, cfg(eager=True)) and not compile_draft(False, cfg())
