@@ -20,7 +20,7 @@ reads (proposers/expected_speedup.py: CostModel).
     python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary
     python tools/draft_cost.py --compile-draft both --json out.json  # eager vs compiled pass
 
-Variants (draft vocabulary x eager/compiled draft pass, key ``compile_draft``) are
+Variants (draft vocabulary x eager/compiled draft pass, ``control.set_compile_walks``) are
 timed interleaved, prompt by prompt, in one engine; "fit" and "cost_model" are those
 of the first draft vocabulary with the compiled pass where it was timed (what the
 engine runs by default), "by_variant" holds every one.
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "interleaved prompt by prompt in one engine; the first one fills "
                         "'fit' and 'cost_model', every one 'by_variant'")
     p.add_argument("--compile-draft", choices=("off", "on", "both"), default="off",
-                   help="key compile_draft: time the eager draft pass, the compiled one "
+                   help="time the eager draft pass, the compiled one "
                         "(torch.compile per mask; its compile step is not timed) or both")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")

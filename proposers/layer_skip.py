@@ -23,7 +23,7 @@ import torch
 from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
-from .options import DraftSamplerOptions, compile_draft_option, draft_vocab_option, option
+from .options import DraftSamplerOptions, draft_vocab_option, option
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
 
@@ -58,7 +58,6 @@ class SelfSpecOptions(DraftSamplerOptions):
     beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
                           high_open=True, symbol="β2")
     draft_vocab: int = draft_vocab_option()
-    compile_draft: bool = compile_draft_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,

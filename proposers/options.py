@@ -48,16 +48,6 @@ def draft_vocab_option() -> Any:
         "LM head", "int", 0, None)
 
 
-def compile_draft_option(why: str = "") -> Any:
-    """Key ``compile_draft`` of the layer-skip methods (selfspec, swift, layerskip)."""
-    return option(
-        False, "compile the draft pass (torch.compile of the kept sub-layers, once per skip "
-        "mask, at its first draft step, which waits for it: tens of seconds the first time "
-        "on a CPU). Off by default: one compile in about ten crashed the vLLM worker here "
-        "(a native abort inside torch.compile, which no Python handler can catch)" + why,
-        "bool")
-
-
 @dataclasses.dataclass(frozen=True)
 class CommonOptions:
     """Keys every method takes."""

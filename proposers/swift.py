@@ -45,7 +45,7 @@ from .base import ContextWindow, DraftBatch, Proposal, Verification
 from .draft_exit import DraftExitConfig
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from .layer_skip import SelfSpecProposer
-from .options import CommonOptions, compile_draft_option, draft_vocab_option, option
+from .options import CommonOptions, draft_vocab_option, option
 from .skip_mask import SkipMask, uniform_mask
 
 OPTIMIZE, ACCELERATE = "optimize", "accelerate"
@@ -97,9 +97,6 @@ class SwiftOptions(CommonOptions):
         "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
     draft_vocab: int = draft_vocab_option()
-    compile_draft: bool = compile_draft_option(
-        "; swift compiles the set an optimization phase ends with, mid-serving: the engine "
-        "stalls while it compiles")
 
 
 class SwiftProposer(SelfSpecProposer):

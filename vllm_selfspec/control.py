@@ -74,7 +74,8 @@ def set_draft_vocab(worker: Any, n: int) -> str:
 
 
 def set_compile_walks(worker: Any, enabled: bool) -> None:
-    """Compile the layer-skip draft walk per mask (key compile_draft) or run it eagerly."""
+    """Compile the layer-skip draft walk per settled mask, or run it eagerly (the default).
+    For measurement only (tools/draft_cost.py), not a key: docs/results.md says why."""
     d = _drafter(worker)
     if not d.proposer.uses_target:
         raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass to compile")

@@ -171,7 +171,7 @@ class PluginDrafter:
 
             view_cls = TargetView if self.proposer.uses_target else HiddenStateView
             self.view = view_cls(runner, self.adapter)
-            if hasattr(self.view, "compile_walks"):  # key compile_draft
+            if hasattr(self.view, "compile_walks"):  # control.set_compile_walks (not a key)
                 self.view.compile_walks = bool(self.opts.get("compile_draft"))
             self.proposer.bind(self.view)
             if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
@@ -235,7 +235,7 @@ class PluginDrafter:
         seconds = time.perf_counter() - t0
         stall = self._compile_seconds() - compiled
         if stall > 0 and self.gate is not None:
-            # this step compiled the draft pass (key compile_draft): a one-off stall that
+            # this step compiled the draft pass (control.set_compile_walks): a one-off stall that
             # is neither what a draft token costs nor what verifying one costs
             self.gate.skip_timing()
         self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall)

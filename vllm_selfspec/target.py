@@ -63,7 +63,7 @@ class TargetView:
         self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
                        "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
                        "compiles": 0, "compile_seconds": 0.0}
-        # compiled sub-layer walks, one per settled skip mask (key compile_draft; the
+        # compiled sub-layer walks, one per settled skip mask (control.set_compile_walks, for measurement; the
         # drafter sets compile_walks)
         self.compile_walks = False
         self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}

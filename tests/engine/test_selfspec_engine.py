@@ -55,7 +55,7 @@ def test_greedy_identical_with_uniform_mask(uniform_engine, eval_prompts, refere
 
 def test_compiled_draft_pass_keeps_greedy_output_identical(empty_engine, eval_prompts,
                                                           reference):
-    """Key compile_draft: a settled mask's sub-layer walk is compiled once (torch.compile,
+    """The compiled draft pass (control.set_compile_walks): a settled mask's sub-layer walk is compiled once (torch.compile,
     one graph for any number of rows: single rows are padded to two) and drafts with the
     same KV rules; output identical to plain decoding, 1 to 4 requests in flight."""
     mask = {"attention": [3, 7, 11], "mlp": [5, 9]}

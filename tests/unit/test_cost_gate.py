@@ -86,7 +86,7 @@ def test_probes_back_off_while_plain_wins():
 
 
 def test_a_step_that_compiled_the_draft_pass_is_not_timed():
-    """key compile_draft: the first draft step of a mask compiles its walk (tens of
+    """A compiled draft pass (control.set_compile_walks): the first draft step of a mask compiles its walk (tens of
     seconds, once). The drafter hands the gate the draft time without the stall and
     the gate leaves that step out, so neither cost is taken for the stall."""
     gate = CostGate(k=4, cfg=CostGateConfig(warmup_steps=2))

@@ -179,7 +179,7 @@ def test_phase_ends_with_the_best_set_and_saves_it():
 
 
 def test_only_the_acceleration_phase_mask_may_be_compiled():
-    """key compile_draft: the optimization phase's best-so-far set changes with every
+    """The compiled draft pass: the optimization phase's best-so-far set changes with every
     improvement, so only the acceleration phase's set is drafted as settled."""
     p, t = make(max_tolerance_iter=3)
     p.propose(batch())
