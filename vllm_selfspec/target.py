@@ -63,8 +63,8 @@ class TargetView:
         self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
                        "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
                        "compiles": 0, "compile_seconds": 0.0}
-        # compiled sub-layer walks, one per settled skip mask (control.set_compile_walks, for measurement; the
-        # drafter sets compile_walks)
+        # compiled sub-layer walks, one per settled skip mask (control.set_compile_walks, for
+        # measurement only; the drafter sets compile_walks)
         self.compile_walks = False
         self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
@@ -144,14 +144,18 @@ class TargetView:
         compiles it). With ``compile_walks`` a settled mask's walk is compiled once and
         cached; anything else runs eagerly (the same operations, each dispatched from
         Python)."""
-        key = (frozenset(mask.attention), frozenset(mask.mlp))
         if not (self.compile_walks and settled):
-            return (lambda h, p: self.adapter.run(h, p, key[0], key[1])), False, False
+            return self._eager_walk(mask), False, False
+        key = (mask.attention, mask.mlp)
         walk = self._walks.get(key)
         if walk is not None:
             return walk, True, False
         walk = self._walks[key] = self.adapter.compiled_run(*key)
         return walk, True, True
+
+    def _eager_walk(self, mask: SkipMask) -> Any:
+        adapter, attention, mlp = self.adapter, mask.attention, mask.mlp
+        return lambda h, p: adapter.run(h, p, attention, mlp)
 
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
         """SWIFT §4.1.2, parallel candidate evaluation: every mask predicts every
