@@ -17,6 +17,11 @@ the whole stream), with the same confidence threshold (SWIFT's ``stop_threshold`
 the selfspec run has its adaptive rule off). Greedy outputs are checked against a
 plain engine only with ``--check-identity`` (it adds a third run).
 
+``--shift-from LOG`` builds the stream instead from an earlier run's log: the
+``--shift-n`` prompts on which ``--shift-method`` accepted most, then those on which
+it accepted least (segments "high" and "low"): an acceptance shift for showing a
+re-entry where tasks do not shift the layers a model wants (issue 15).
+
 Writes ``OUT.log.jsonl`` (one line per request and method; ``--resume`` reuses the
 methods already complete in it), ``OUT.json`` (summary) and ``OUT.png``.
 
@@ -40,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--stream", default="mtbench:22,humaneval:21,xsum:21",
                    help="DATASET:N segments served in this order (test split)")
+    p.add_argument("--shift-from", default=None, metavar="LOG",
+                   help="instead of --stream: an earlier run's OUT.log.jsonl; the stream is the "
+                        "--shift-n prompts on which --shift-method accepted most, then the "
+                        "--shift-n on which it accepted least (an acceptance shift, for re-entry)")
+    p.add_argument("--shift-method", default="selfspec")
+    p.add_argument("--shift-n", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--concurrency", type=int, default=4)
@@ -68,6 +79,27 @@ def load_stream(spec: str, tok: Any, max_prompt_tokens: int) -> list[tuple[str, 
             raise SystemExit(f"{name}: only {len(ps)} prompts of at most {max_prompt_tokens} tokens")
         out += [(name, p) for p in ps]
     return out
+
+
+def shift_stream(log: Path, method: str, n: int, tok: Any, max_prompt_tokens: int
+                 ) -> list[tuple[str, Any]]:
+    """Issue 15's re-entry stream: the ``n`` prompts of an earlier run on which ``method``'s
+    acceptance rate was highest (segment "high"), then the ``n`` where it was lowest ("low")."""
+    from vllm_selfspec.offline.datasets import load_prompts
+
+    rows = [r for r in read_log(log).get(method, []) if not r.get("summary")]
+    if len(rows) < 2 * n:
+        raise SystemExit(f"{log}: {len(rows)} requests of {method}, need {2 * n}")
+    ranked = sorted(rows, key=lambda r: -r["accepted"] / max(1, r["draft_tokens"]))
+    by_id = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        count = sum(1 for r in rows if r["task"] == task)
+        by_id.update({p.id: p for p in load_prompts(task, tok, "test", count, max_prompt_tokens)})
+    missing = [r["id"] for r in ranked if r["id"] not in by_id]
+    if missing:
+        raise SystemExit(f"{log}: prompts {missing[:3]} not found again (another --max-prompt-tokens?)")
+    return ([("high", by_id[r["id"]]) for r in ranked[:n]]
+            + [("low", by_id[r["id"]]) for r in ranked[-n:]])
 
 
 def read_log(path: Path) -> dict[str, list[dict[str, Any]]]:
@@ -211,7 +243,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.resume and log.exists():
         log.unlink()
     model_path = resolve_model(args.model)
-    stream = load_stream(args.stream, AutoTokenizer.from_pretrained(model_path), args.max_prompt_tokens)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if args.shift_from:
+        stream = shift_stream(Path(args.shift_from), args.shift_method, args.shift_n, tok,
+                              args.max_prompt_tokens)
+    else:
+        stream = load_stream(args.stream, tok, args.max_prompt_tokens)
     swift_cfg = {"method": "swift", "cost_gate": False, "mask_cache": str(mask_file),
                  **json.loads(args.swift_config)}
     methods = args.methods.split(",") + (["baseline"] if args.check_identity else [])
@@ -266,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     report: dict[str, Any] = {"command": "python tools/swift_stream.py " + shlex.join(
         sys.argv[1:] if argv is None else argv), "stream": args.stream,
+        "shift_from": args.shift_from,
+        "prompts": [[t, p.id] for t, p in stream] if args.shift_from else None,
         "max_tokens": args.max_tokens, "concurrency": args.concurrency, "methods": {}}
     for label, res in results.items():
         rows, st = res["rows"], res["summary"]["stats"]
