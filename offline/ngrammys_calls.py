@@ -153,18 +153,79 @@ def realizations(data: list[tuple[list[int], list[int]]], table: BigramTable,
     return rows
 
 
+class RecycledSuccessors:
+    """Token Recycling (Luo et al., 2024) as a one-chain source: an adjacency table of
+    each token's successor as the target last predicted it at a verified position,
+    learnt online across requests; the chain follows it from the newest token, the
+    static bigram table where a token has not been seen. Under greedy verification the
+    target's top-1 at a verified position is the token it emitted there, so the table
+    is learnt from emitted tokens; the paper's other top-k entries feed its draft
+    tree, which one verified chain per request cannot use. Replay only (issue 16)."""
+
+    def __init__(self, static: BigramTable) -> None:
+        self.static = static
+        self.successor = np.full(static.vocab_size, -1, dtype=np.int64)
+        self.source = "recycled"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.static.vocab_size
+
+    def learn(self, tokens: np.ndarray, start: int) -> None:
+        """Record tokens[i] -> tokens[i + 1] for i >= start (later pairs win)."""
+        start = max(0, start)
+        if tokens.shape[0] - start >= 2:
+            self.successor[tokens[start:-1]] = tokens[start + 1:]
+
+    def rows(self, token: int, k: int, w: int) -> list[list[int]]:
+        if not 0 <= token < self.vocab_size or self.successor[token] < 0:
+            return self.static.rows(token, k, w)
+        row, x = [], token
+        for _ in range(w):
+            y = int(self.successor[x])
+            x = y if y >= 0 else int(self.static.bigram_ids[x, 0])
+            row.append(x)
+        return [row]
+
+
+class RecyclingProposer(NGrammysProposer):
+    """``ngrammys`` with ``RecycledSuccessors`` in the bigram table's place; it learns
+    from each request's output tokens as they are verified."""
+
+    def __init__(self, num_speculative_tokens: int, options: dict[str, Any]) -> None:
+        super().__init__(num_speculative_tokens, options)
+        assert self.table is not None
+        self.table = self.recycled = RecycledSuccessors(self.table)  # type: ignore[assignment]
+        self.learnt: dict[str, int] = {}
+
+    def candidates(self, history: np.ndarray, req_id: str | None = None
+                   ) -> tuple[list[list[int]], list[str]]:
+        key = req_id or ""
+        self.recycled.learn(history, self.learnt.get(key, int(history.shape[0]) - 2))
+        self.learnt[key] = int(history.shape[0]) - 1
+        return super().candidates(history, req_id)
+
+    def finish(self, req_ids: set[str]) -> None:
+        for r in req_ids:
+            self.learnt.pop(r, None)
+        super().finish(req_ids)
+
+
 def sources(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
             history_tokens: int, vpt: float) -> list[dict[str, Any]]:
     """Tokens per call of each draft source alone and combined (one chain per step, the
     engine's proposer; one proposer over all prompts so earlier requests accumulate)."""
-    combos = {"context": (False, False), "context + history": (False, True),
-              "context + bigram (ngrammys)": (True, False),
-              "context + history + bigram": (True, True)}
+    combos = {"context": (False, False, False), "context + history": (False, True, False),
+              "context + bigram (ngrammys)": (True, False, False),
+              "context + history + bigram": (True, True, False),
+              "context + recycled": (True, False, True),
+              "context + history + recycled": (True, True, True)}
     out = []
-    for name, (bigram, history) in combos.items():
-        prop = NGrammysProposer(width, {"table": table if bigram else None,
-                                        "bigram_table": None if bigram else "none",
-                                        "history_tokens": history_tokens if history else 0})
+    for name, (bigram, history, recycled) in combos.items():
+        make = RecyclingProposer if recycled else NGrammysProposer
+        prop = make(width, {"table": table if bigram else None,
+                            "bigram_table": None if bigram else "none",
+                            "history_tokens": history_tokens if history else 0})
         out.append({"sources": name, "chain": summarize(
             [replay_proposer(p, c, prop) for p, c in data], vpt)})
     return out
