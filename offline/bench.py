@@ -266,12 +266,12 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     from tqdm import tqdm
     from vllm import TokensPrompt
 
-    from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline import engines
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
     for e in tqdm(members, desc="starting engines", unit="engine"):
         spec = speculative_config(e)
-        e.llm = LLM(model_path, speculative_config=spec,
+        e.llm = engines.start(model_path, speculative_config=spec,
                     **engine_args({"speculative_config": spec}), **engine_kw)
         e.acc = Acceptance()
         e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
@@ -301,10 +301,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
                 e.extra["drafter"] = {k: v for k, v in st.items() if k != "trace"}  # swift's is long
             except Exception as ex:  # stats are informative only
                 e.extra["drafter"] = {"error": str(ex)}
-        try:
-            e.llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
+        engines.shutdown(e.llm)
         e.llm = None
 
 

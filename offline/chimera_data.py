@@ -117,9 +117,12 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
         return done
     from vllm import LLM, SamplingParams, TokensPrompt
 
+    from vllm_selfspec.offline import engines
+
     tok = AutoTokenizer.from_pretrained(model_path)
-    llm = LLM(model_path, dtype="float32", max_model_len=max_prompt_tokens + max_tokens + 8,
-              max_num_seqs=batch, kv_cache_memory_bytes=2 << 30, seed=0)
+    llm = engines.track(LLM(model_path, dtype="float32",
+                            max_model_len=max_prompt_tokens + max_tokens + 8,
+                            max_num_seqs=batch, kv_cache_memory_bytes=2 << 30, seed=0))
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -139,10 +142,7 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
             if token_budget is not None and tokens >= token_budget:
                 break
     finally:
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
+        engines.shutdown(llm)
     return done
 
 

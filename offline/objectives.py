@@ -84,19 +84,18 @@ class MeasuredObjective:
         from vllm import SamplingParams, TokensPrompt
 
         from vllm_selfspec import control
-        from vllm_selfspec.llm import LLM
+        from vllm_selfspec.offline import engines
 
         self.control = control
         self.dev, self.k, self.exit_cfg = dev, k, exit_cfg
-        self.llm = LLM(model_path, dtype=dtype, max_model_len=2048, block_size=32,
-                       kv_cache_memory_bytes=1 << 30, max_num_seqs=1, seed=0,
-                       enforce_eager=enforce_eager,
-                       speculative_config={"method": "selfspec", "num_speculative_tokens": k,
-                                           "skip_mask": {"attention": [], "mlp": []},
-                                           "cost_gate": False,
-                                           "draft_exit_threshold": exit_cfg.threshold,
-                                           "adaptive_threshold": exit_cfg.adaptive,
-                                           "target_acceptance": exit_cfg.target_acceptance})
+        self.llm = engines.start(
+            model_path, dtype=dtype, max_model_len=2048, block_size=32,
+            kv_cache_memory_bytes=1 << 30, max_num_seqs=1, seed=0, enforce_eager=enforce_eager,
+            speculative_config={"method": "selfspec", "num_speculative_tokens": k,
+                                "skip_mask": {"attention": [], "mlp": []}, "cost_gate": False,
+                                "draft_exit_threshold": exit_cfg.threshold,
+                                "adaptive_threshold": exit_cfg.adaptive,
+                                "target_acceptance": exit_cfg.target_acceptance})
         self.prompts = [TokensPrompt(prompt_token_ids=p) for p in dev.prompts]
         self.sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.num_layers = self.llm.llm_engine.model_config.hf_config.num_hidden_layers
@@ -143,9 +142,8 @@ class MeasuredObjective:
         return {"objective": self.name, "k": self.k, "draft_exit": vars(self.exit_cfg)}
 
     def close(self) -> None:
-        try:
-            self.llm.llm_engine.engine_core.shutdown()
-        except Exception:
-            pass
+        from vllm_selfspec.offline import engines
+
+        engines.shutdown(self.llm)
 
 

@@ -119,13 +119,13 @@ def serve_stream(label: str, spec: dict[str, Any] | None, stream: list[tuple[str
     from vllm import SamplingParams, TokensPrompt
 
     from vllm_selfspec.control import drafter_stats
-    from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline import engines
     from vllm_selfspec.offline.spec_metrics import acceptance, engine_args
     from vllm_selfspec.proposers.artifacts import append_jsonl
 
     kw = dict(dtype=args.dtype, max_model_len=2048, block_size=32, kv_cache_memory_bytes=1 << 30,
               max_num_seqs=args.concurrency, enforce_eager=args.enforce_eager, seed=0)
-    llm = LLM(model_path, speculative_config=spec, **engine_args({"speculative_config": spec}), **kw)
+    llm = engines.start(model_path, speculative_config=spec, **engine_args({"speculative_config": spec}), **kw)
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     rows, seconds = [], 0.0
     for g in tqdm(range(0, len(stream), args.concurrency), desc=label, unit="group"):
@@ -153,10 +153,7 @@ def serve_stream(label: str, spec: dict[str, Any] | None, stream: list[tuple[str
     summary = {"method": label, "summary": True, "config": spec, "seconds": seconds,
                "stats": stats}
     append_jsonl(log, summary)
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:
-        pass
+    engines.shutdown(llm)
     del llm
     return summary
 
