@@ -19,11 +19,13 @@ reads (proposers/expected_speedup.py: CostModel).
     python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
     python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary
     python tools/draft_cost.py --compile-draft both --json out.json  # eager vs compiled pass
+    python tools/draft_cost.py --draft-kernels both --json out.json  # native ops vs kernels
 
-Variants (draft vocabulary x eager/compiled draft pass, ``control.set_compile_walks``) are
-timed interleaved, prompt by prompt, in one engine; "fit" and "cost_model" are those
-of the first draft vocabulary with the compiled pass where it was timed (what the
-engine runs by default), "by_variant" holds every one.
+Variants (draft vocabulary x draft pass: eager with vLLM's fused CPU kernels, the engine's
+default, ``adapters.DraftKernels``; eager with the native op forms; compiled,
+``control.set_compile_walks``) are timed interleaved, prompt by prompt, in one engine;
+"fit" and "cost_model" are those of the first draft vocabulary with the last pass
+timed (compiled where timed, else the kernels, else native), "by_variant" holds every one.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-draft", choices=("off", "on", "both"), default="off",
                    help="time the eager draft pass, the compiled one "
                         "(torch.compile per mask; its compile step is not timed) or both")
+    p.add_argument("--draft-kernels", choices=("off", "on", "both"), default="on",
+                   help="the eager pass with vLLM's fused CPU kernels (on, the engine's "
+                        "default), with the native op forms (off), or both")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
     return p.parse_args(argv)
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vllm_selfspec import control
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.llm import LLM
+    from vllm_selfspec.offline import engines
     from vllm_selfspec.offline.datasets import load_prompts
 
     path = resolve_model(args.model)
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fractions = [float(x) for x in args.fractions.split(",")]
     vocabs = [int(x) for x in str(args.draft_vocab).split(",")]
 
-    base = LLM(path, **kw)
+    base = engines.start(path, **kw)
     base.generate(warm, sp, use_tqdm=False)
     base.collective_rpc(control.install_step_timer)
     for p in tqdm(timed, desc="baseline decode steps"):
@@ -127,10 +132,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     st = base.collective_rpc(control.step_timer)[0]
     decode_s = st["seconds"] / st["steps"]
     forward_1 = st["forward"].get(1) or st["forward"].get("1")
-    base.llm_engine.engine_core.shutdown()
+    engines.shutdown(base)
     del base
 
-    spec = LLM(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
+    spec = engines.start(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
                                          "skip_mask": {"attention": [], "mlp": []},
                                          "cost_gate": False,
                                          "draft_vocab": max(vocabs)}, **kw)
@@ -141,21 +146,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     masks = [(f"kept {f:g}", mask_for_fraction(num_layers, f)) for f in fractions]
     masks += [("no inner attention", {"attention": inner, "mlp": []}),
               ("no inner MLP", {"attention": [], "mlp": inner})]
-    compiled_modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile_draft]
-    variants = [(n, c) for c in compiled_modes for n in vocabs]
+    modes = {"off": [False], "on": [True], "both": [False, True]}
+    passes = ([("native" if not k else "kernels") for k in modes[args.draft_kernels]]
+              if False in modes[args.compile_draft] else [])
+    passes += ["compiled"] if True in modes[args.compile_draft] else []
+    variants = [(n, c) for c in passes for n in vocabs]
     rows = []
     for label, mask in tqdm(masks, desc="draft cost per mask"):
         spec.collective_rpc(control.set_skip_mask, args=(mask,))
         spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
-        for c in compiled_modes:  # warm this mask (and compile its walk)
-            spec.collective_rpc(control.set_compile_walks, args=(c,))
+        for c in passes:  # warm this mask (and compile its walk)
+            set_pass(spec, c)
             spec.generate(warm, sp, use_tqdm=False)
         # every variant on the same prompt in turn: machine drift hits them alike
         seconds = {v: 0.0 for v in variants}
         tokens = {v: 0 for v in variants}
         for p in timed:
             for n, c in variants:
-                spec.collective_rpc(control.set_compile_walks, args=(c,))
+                set_pass(spec, c)
                 spec.collective_rpc(control.set_draft_vocab, args=(n,))
                 spec.collective_rpc(control.reset_stats)
                 spec.generate([p], sp, use_tqdm=False)
@@ -165,13 +173,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
         for n, c in variants:
             per_token = seconds[(n, c)] / tokens[(n, c)]
-            rows.append({"mask": label, "draft_vocab": n, "compiled": c,
+            rows.append({"mask": label, "draft_vocab": n, "draft_pass": c,
+                         "compiled": c == "compiled",
                          "kept_fraction": round(kept, 4),
                          "skipped_attention": len(mask["attention"]),
                          "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[(n, c)],
                          "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
     fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
-    spec.llm_engine.engine_core.shutdown()
+    engines.shutdown(spec)
     del spec
     verify_k = fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
     if not verify_k or not forward_1:
@@ -180,15 +189,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     v = (verify_k - forward_1) / (args.k * decode_s)
     by_variant: dict[str, Any] = {}
     for n, c in variants:
-        mine = [r for r in rows if r["draft_vocab"] == n and r["compiled"] == c]
+        mine = [r for r in rows if r["draft_vocab"] == n and r["draft_pass"] == c]
         uniform_rows = [r for r in mine if r["mask"].startswith("kept")]
         a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
                         [r["ratio_to_decode_step"] for r in uniform_rows])
         by_variant[variant_name(n, c)] = {
-            "draft_vocab": n, "compiled": c,
+            "draft_vocab": n, "draft_pass": c, "compiled": c == "compiled",
             "fit": {"slope": a, "overhead": b, "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
             "cost_model": fit_cost_model(mine, num_layers, v), "uniform_rows": uniform_rows}
-    first = by_variant[variant_name(vocabs[0], compiled_modes[-1])]
+    first = by_variant[variant_name(vocabs[0], passes[-1])]
     report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
               "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
               "rows": rows, "fit": first["fit"], "cost_model": first["cost_model"],
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("mask                 vocab   pass      kept f   draft token ms   ratio to decode step")
     for r in rows:
         vocab = r["draft_vocab"] or "full"
-        kind = "compiled" if r["compiled"] else "eager"
+        kind = r["draft_pass"]
         print(f"{r['mask']:<20} {vocab!s:<6}  {kind:<8}  {r['kept_fraction']:.3f}    "
               f"{1000 * r['draft_token_s']:8.1f}         {r['ratio_to_decode_step']:.3f}")
     for n, d in by_variant.items():
@@ -214,9 +223,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-def variant_name(draft_vocab: int, compiled: bool) -> str:
+PASS_NAMES = {"native": "eager pass, native ops", "kernels": "eager pass, vLLM kernels",
+              "compiled": "compiled pass"}
+
+
+def set_pass(llm: Any, draft_pass: str) -> None:
+    """Switch the engine's draft pass: native / kernels (eager) or compiled."""
+    from vllm_selfspec import control
+
+    llm.collective_rpc(control.set_compile_walks, args=(draft_pass == "compiled",))
+    llm.collective_rpc(control.set_draft_kernels, args=(draft_pass != "native",))
+
+
+def variant_name(draft_vocab: int, draft_pass: str) -> str:
     vocab = "full vocabulary" if draft_vocab == 0 else f"draft vocabulary {draft_vocab}"
-    return f"{vocab}, {'compiled' if compiled else 'eager'} pass"
+    return f"{vocab}, {PASS_NAMES[draft_pass]}"
 
 
 def draw(by_variant: dict[str, Any], path: str) -> None:

@@ -10,8 +10,9 @@ operations, in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import types
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -46,6 +47,7 @@ class PreNormDecoderAdapter:
             if getattr(layer, "ada_rms_norm_t_cond", None) is not None:
                 raise UnsupportedModelError("Mistral layers with ada-RMSNorm conditioning")
         self.attn_layer_names = [layer.self_attn.attn.layer_name for layer in self.layers]
+        self.kernels = DraftKernels(target)
 
     @property
     def num_layers(self) -> int:
@@ -161,6 +163,96 @@ class PreNormDecoderAdapter:
         """The tensors of proposers.artifacts.FINGERPRINT_TENSORS, from the live model."""
         return [self.inner.norm.weight, self.layers[0].input_layernorm.weight,
                 self.layers[-1].post_attention_layernorm.weight]
+
+
+class DraftKernels:
+    """vLLM's fused CPU kernels for the eager draft walk (``torch.ops._C``: RMSNorm, fused
+    add + RMSNorm, rotary embedding, SiLU-and-mul).
+
+    A compiled engine leaves vLLM's custom ops in their native many-op forms for inductor
+    to fuse (``vllm/model_executor/custom_op.py: CustomOp.dispatch_forward``), so an eager
+    walk through the kept sub-layers runs those forms op by op. ``active()`` points each
+    op's forward at the kernel vLLM's own CPU path uses (``RotaryEmbedding.forward_cpu``,
+    ``SiluAndMul.forward_cuda``'s op, the ``_C`` norms) for the walk only and restores it
+    after, so the target's own forward (compiled, or eager with ``enforce_eager``) never
+    sees them. Drafts may differ from the native forms' in the last bits; the target
+    verifies them, so output stays identical. Empty (a no-op) off CPU or without the
+    kernels."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.swaps: list[tuple[nn.Module, Callable[..., Any]]] = []
+        if not _cpu_kernels_available(model):
+            return
+        from vllm.model_executor.layers.activation import SiluAndMul
+        from vllm.model_executor.layers.layernorm import RMSNorm
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+        seen: set[int] = set()
+        for m in model.modules():
+            if id(m) in seen or not hasattr(m, "_forward_method"):
+                continue
+            seen.add(id(m))
+            kind = type(m)
+            if kind is RMSNorm and m.has_weight and m.variance_size_override is None:
+                self.swaps.append((m, _rms_norm_kernel(m)))
+            elif kind is SiluAndMul:
+                self.swaps.append((m, _silu_and_mul_kernel))
+            elif (isinstance(m, RotaryEmbedding)
+                  and kind.forward_native is RotaryEmbedding.forward_native
+                  and kind.forward_cpu is RotaryEmbedding.forward_cpu):
+                self.swaps.append((m, m.forward_cpu))
+
+    def __len__(self) -> int:
+        return len(self.swaps)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        saved = [(m, m._forward_method) for m, _ in self.swaps]
+        try:
+            for m, fn in self.swaps:
+                m._forward_method = fn
+            yield
+        finally:
+            for m, fn in saved:
+                m._forward_method = fn
+
+
+def _cpu_kernels_available(model: nn.Module) -> bool:
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        return False
+    ops = getattr(torch.ops, "_C", None)
+    return device.type == "cpu" and all(
+        hasattr(ops, n) for n in ("rms_norm", "fused_add_rms_norm", "silu_and_mul",
+                                  "rotary_embedding"))
+
+
+def _rms_norm_kernel(norm: nn.Module) -> Callable[..., Any]:
+    """RMSNorm / fused add + RMSNorm through ``torch.ops._C`` (in place on ``x`` and
+    ``residual`` for the fused form, as vLLM's ``fused_add_rms_norm``)."""
+    weight, eps, native = norm.weight.data, float(norm.variance_epsilon), norm.forward_native
+
+    def forward(x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        if not x.is_contiguous() or x.dtype != weight.dtype:
+            return native(x, residual)
+        if residual is None:
+            out = torch.empty_like(x)
+            torch.ops._C.rms_norm(out, x, weight, eps)
+            return out
+        if not residual.is_contiguous() or residual.dtype != x.dtype:
+            return native(x, residual)
+        torch.ops._C.fused_add_rms_norm(x, residual, weight, eps)
+        return x, residual
+
+    return forward
+
+
+def _silu_and_mul_kernel(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+    torch.ops._C.silu_and_mul(out, x)
+    return out
 
 
 def _draft_walk(adapter: PreNormDecoderAdapter, skip_attention: frozenset[int],

@@ -79,9 +79,21 @@ def set_compile_walks(worker: Any, enabled: bool) -> None:
     d = _drafter(worker)
     if not d.proposer.uses_target:
         raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass to compile")
-    d.opts["compile_draft"] = enabled  # read when the view is made (the first draft step)
+    d.compile_walks = enabled  # passed on when the view is made (the first draft step)
     if d.view is not None:
         d.view.compile_walks = enabled  # compiled walks stay cached while off
+
+
+def set_draft_kernels(worker: Any, enabled: bool) -> None:
+    """Run the eager layer-skip draft walk with vLLM's fused CPU kernels (the default,
+    ``adapters.DraftKernels``) or with the native op forms (to measure the difference:
+    tools/draft_cost.py --draft-kernels)."""
+    d = _drafter(worker)
+    if not d.proposer.uses_target:
+        raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass")
+    d.draft_kernels = enabled
+    if d.view is not None:
+        d.view.draft_kernels = enabled
 
 
 def inject_draft_failures(worker: Any, every: int) -> None:

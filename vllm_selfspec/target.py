@@ -66,6 +66,9 @@ class TargetView:
         # compiled sub-layer walks, one per settled skip mask (control.set_compile_walks, for
         # measurement only; the drafter sets compile_walks)
         self.compile_walks = False
+        # the eager walk runs vLLM's fused CPU kernels (adapters.DraftKernels); off only to
+        # measure the native forms (control.set_draft_kernels, tools/draft_cost.py)
+        self.draft_kernels = True
         self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
@@ -155,7 +158,15 @@ class TargetView:
 
     def _eager_walk(self, mask: SkipMask) -> Any:
         adapter, attention, mlp = self.adapter, mask.attention, mask.mlp
-        return lambda h, p: adapter.run(h, p, attention, mlp)
+        kernels = adapter.kernels if self.draft_kernels and len(adapter.kernels) else None
+        if kernels is None:
+            return lambda h, p: adapter.run(h, p, attention, mlp)
+
+        def walk(h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            with kernels.active():
+                return adapter.run(h, p, attention, mlp)
+
+        return walk
 
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
         """SWIFT §4.1.2, parallel candidate evaluation: every mask predicts every

@@ -1,0 +1,67 @@
+"""adapters.DraftKernels: the eager draft walk runs vLLM's fused CPU kernels in place of
+the native op forms a compiled engine leaves in its modules, for the walk only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("vllm")
+
+
+def _ops() -> tuple[nn.Module, nn.Module, nn.Module]:
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    with set_current_vllm_config(VllmConfig()):
+        norm = RMSNorm(64, eps=1e-5)
+        act = SiluAndMul()
+        rope = get_rope(16, max_position=512, is_neox_style=True,
+                        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                        dtype=torch.float32)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    return norm, act, rope
+
+
+def test_kernels_match_native_forms_and_are_restored() -> None:
+    from vllm_selfspec.adapters import DraftKernels
+
+    norm, act, rope = _ops()
+    model = nn.ModuleList([norm, act, rope])
+    kernels = DraftKernels(model)
+    if not len(kernels):
+        pytest.skip("no vLLM CPU kernels in this build")
+    assert {type(m).__name__ for m, _ in kernels.swaps} >= {"RMSNorm", "SiluAndMul"}
+    before = [m._forward_method for m, _ in kernels.swaps]
+    torch.manual_seed(0)
+    x, r, gu = torch.randn(3, 64), torch.randn(3, 64), torch.randn(3, 128)
+    qkv = torch.randn(3, 4 * 16 + 2 * 16 + 2 * 16)
+    pos = torch.tensor([0, 7, 300])
+
+    def run() -> list[torch.Tensor]:
+        q, k, _ = qkv.clone().split([64, 32, 32], dim=-1)  # strided views, as in attention
+        q, k = rope(pos, q, k)
+        h, res = norm(x.clone(), r.clone())
+        return [norm(x.clone()), h, res, act(gu), q, k]
+
+    native = run()
+    with kernels.active():
+        fused = run()
+    for a, b in zip(native, fused):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert [m._forward_method for m, _ in kernels.swaps] == before
+
+
+def test_restored_when_the_walk_raises() -> None:
+    from vllm_selfspec.adapters import DraftKernels
+
+    norm, act, rope = _ops()
+    kernels = DraftKernels(nn.ModuleList([norm, act, rope]))
+    before = [m._forward_method for m, _ in kernels.swaps]
+    with pytest.raises(RuntimeError), kernels.active():
+        raise RuntimeError("draft step failed")
+    assert [m._forward_method for m, _ in kernels.swaps] == before
