@@ -15,9 +15,12 @@ learns, from the steps themselves:
 * a_i, the acceptance of draft position i given positions < i were accepted
   (Beta counts that slowly forget, so they follow the text).
 
-and drafts the d that maximizes the expected token rate
-``(1 + sum_{i<=d} prod_{j<=i} a_j) / (t0 + d (c_d + c_v))`` when that beats plain
-decoding (1 / t0) by ``margin``; acceptance uses an upper confidence bound, so
+and drafts the d that maximizes the expected token rate of a step with n requests
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (t0 + n d (c_d + c_v))``, when that
+beats plain decoding (n / t0) by ``margin``. c_d and c_v are per draft token over the
+whole batch, so with n requests in flight a step pays them n times: at 4 requests a
+verified token costs four times its share of a plain step (measured: docs/results.md,
+"At 4 requests in flight"); acceptance uses an upper confidence bound, so
 positions seldom drafted keep being tried. While plain decoding wins, one probe step
 drafts a single token every P steps (P doubling, up to ``max_probe_every``), which
 keeps a_1 and c_d current for a few hundredths of a step each time.
@@ -71,6 +74,7 @@ class CostGate:
         self.probe_every = self.cfg.probe_every
         self.next_probe = self.cfg.warmup_steps
         self.decision = 0
+        self.batch = 1  # requests drafting at the last plan()
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
 
     # ---- measurements ----------------------------------------------------------------------
@@ -121,8 +125,9 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def predicted_gain(self, d: int, optimistic: bool = True) -> float:
-        """Expected token rate with d drafts over plain decoding's (1.0 = break even)."""
+    def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1) -> float:
+        """Expected token rate with d drafts for each of n requests over plain decoding's
+        (1.0 = break even)."""
         if d == 0 or self.t0 is None or self.c_draft is None:
             return 1.0
         cv = self.c_verify if self.c_verify is not None else self.cfg.verify_cost * self.t0
@@ -130,19 +135,23 @@ class CostGate:
         for i in range(d):
             run *= self.acceptance(i, optimistic)
             tokens += run
-        return tokens / (1.0 + d * (self.c_draft + cv) / self.t0)
+        return tokens / (1.0 + max(1, n) * d * (self.c_draft + cv) / self.t0)
 
-    def best(self) -> tuple[int, float]:
-        """(d, predicted gain) of the best number of drafts (0 when none pays)."""
+    def best(self, n: int | None = None) -> tuple[int, float]:
+        """(d, predicted gain) of the best number of drafts for n requests (default: as
+        many as at the last plan(); 0 when none pays)."""
+        n = self.batch if n is None else n
         best_d, best_g = 0, 1.0
         for d in range(1, self.k + 1):
-            g = self.predicted_gain(d)
+            g = self.predicted_gain(d, n=n)
             if g > best_g:
                 best_d, best_g = d, g
         return (best_d, best_g) if best_g > 1.0 + self.cfg.margin else (0, best_g)
 
-    def plan(self) -> int:
-        """Most drafts this step may have: d* when drafting pays, 1 on a probe step, else 0."""
+    def plan(self, n: int = 1) -> int:
+        """Most drafts this step may have, for each of its ``n`` drafting requests: d* when
+        drafting pays, 1 on a probe step, else 0."""
+        self.batch = max(1, int(n))
         if self.t0 is None or self.steps <= self.cfg.warmup_steps:
             d, gain = 0, 1.0
         elif self.c_draft is None:

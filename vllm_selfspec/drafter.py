@@ -286,7 +286,8 @@ class PluginDrafter:
                          sum(r.drafted for r in results))
         for r in results:
             self.gate.observe(r.drafted, r.accepted)
-        return self.gate.plan()
+        # requests that get a new token this step, and so may draft: each pays the verify cost
+        return self.gate.plan(max(1, sum(1 for t in ctx.sampled_token_ids if t)))
 
     def _compile_seconds(self) -> float:
         timing = getattr(self.view, "timing", None) or {}
