@@ -230,7 +230,7 @@ class Gate:
 
     def drafted(self, *a: Any) -> None: ...
 
-    def plan(self) -> int:
+    def plan(self, n: int = 1) -> int:
         return self.limit
 
 
@@ -258,6 +258,7 @@ def _ctx(rows: int = 2) -> DraftContext:
 def _drafter(group: FakeGroup, gate_limit: int, fail_setup: bool = False) -> PluginDrafter:
     d = PluginDrafter.__new__(PluginDrafter)  # the parts propose_with_runner uses
     d.k, d.opts, d.drafting, d._phase_changes, d.known = 4, {}, True, 0, set()
+    d.compile_walks, d.draft_kernels = False, True
     d._last_stats = time.monotonic()
     d.proposer = SelfSpecProposer(4, {"mask": SkipMask(frozenset({1}), frozenset())})
     d.view = TPTarget(group)
