@@ -181,6 +181,7 @@ class DraftKernels:
 
     def __init__(self, model: nn.Module) -> None:
         self.swaps: list[tuple[nn.Module, Callable[..., Any]]] = []
+        self.native: list[tuple[nn.Module, Callable[..., Any]]] = []
         if not _cpu_kernels_available(model):
             return
         from vllm.model_executor.layers.activation import SiluAndMul
@@ -201,19 +202,21 @@ class DraftKernels:
                   and kind.forward_native is RotaryEmbedding.forward_native
                   and kind.forward_cpu is RotaryEmbedding.forward_cpu):
                 self.swaps.append((m, m.forward_cpu))
+        # the forwards vLLM dispatched at start-up, restored after every walk (taken once:
+        # the walk runs every draft step)
+        self.native = [(m, m._forward_method) for m, _ in self.swaps]
 
     def __len__(self) -> int:
         return len(self.swaps)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        saved = [(m, m._forward_method) for m, _ in self.swaps]
         try:
             for m, fn in self.swaps:
                 m._forward_method = fn
             yield
         finally:
-            for m, fn in saved:
+            for m, fn in self.native:
                 m._forward_method = fn
 
 
