@@ -79,9 +79,7 @@ def set_compile_walks(worker: Any, enabled: bool) -> None:
     d = _drafter(worker)
     if not d.proposer.uses_target:
         raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass to compile")
-    d.compile_walks = enabled  # passed on when the view is made (the first draft step)
-    if d.view is not None:
-        d.view.compile_walks = enabled  # compiled walks stay cached while off
+    d.draft_pass.compile_walks = bool(enabled)  # compiled walks stay cached while off
 
 
 def set_draft_kernels(worker: Any, enabled: bool) -> None:
@@ -91,9 +89,7 @@ def set_draft_kernels(worker: Any, enabled: bool) -> None:
     d = _drafter(worker)
     if not d.proposer.uses_target:
         raise RuntimeError(f"{d.proposer.describe()}: no layer-skip draft pass")
-    d.draft_kernels = enabled
-    if d.view is not None:
-        d.view.draft_kernels = enabled
+    d.draft_pass.draft_kernels = bool(enabled)
 
 
 def inject_draft_failures(worker: Any, every: int) -> None:

@@ -98,12 +98,10 @@ class PluginDrafter:
         self.method = methods.METHODS[opts["method"]]
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.known: set[str] = set()  # the runner's requests at the last draft step
-        # compile the layer-skip walk per settled mask: control.set_compile_walks, for
-        # measurement only (not a key: docs/results.md, "A compiled draft pass")
-        self.compile_walks = False
-        # the eager walk through vLLM's fused CPU kernels (adapters.DraftKernels); off only
-        # to measure the native op forms (control.set_draft_kernels)
-        self.draft_kernels = True
+        # how the layer-skip draft walk runs (target.DraftPass), shared with the view
+        from vllm_selfspec.target import DraftPass
+
+        self.draft_pass = DraftPass()
         cls = proposer_class(self.method)
         kwargs = dict(opts)
         if "mask" in opts:
@@ -177,9 +175,8 @@ class PluginDrafter:
 
             view_cls = TargetView if self.proposer.uses_target else HiddenStateView
             self.view = view_cls(runner, self.adapter)
-            if hasattr(self.view, "compile_walks"):
-                self.view.compile_walks = self.compile_walks
-                self.view.draft_kernels = self.draft_kernels
+            if hasattr(self.view, "draft_pass"):
+                self.view.draft_pass = self.draft_pass
             self.proposer.bind(self.view)
             if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
                 self.proposer.artifact_saver = self._save_mask  # one rank writes the file
@@ -237,7 +234,7 @@ class PluginDrafter:
             safe_propose(self.proposer, batch, draft=False)
             self._drafted(0, 0.0)
             return nothing, None
-        watch = self.compile_walks  # only a compiled walk can stall a step
+        watch = self.draft_pass.compile_walks  # only a compiled walk can stall a step
         compiled = self._compile_seconds() if watch else 0.0
         proposal = safe_propose(self.proposer, batch)
         seconds = time.perf_counter() - t0

@@ -20,6 +20,7 @@ writing into the target's own paged KV cache:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,19 @@ import torch
 from vllm_selfspec.adapters import PreNormDecoderAdapter, UnsupportedModelError
 from vllm_selfspec.proposers.base import ContextWindow
 from vllm_selfspec.proposers.skip_mask import SkipMask
+
+
+@dataclass
+class DraftPass:
+    """How the eager layer-skip draft walk runs: one object, held by the drafter and
+    shared with its view (``control.set_compile_walks`` / ``set_draft_kernels`` set it).
+
+    ``compile_walks``: compile the walk once per settled skip mask (for measurement only,
+    not a key: docs/results.md, "A compiled draft pass"). ``draft_kernels``: run vLLM's
+    fused CPU kernels (adapters.DraftKernels); off only to measure the native op forms."""
+
+    compile_walks: bool = False
+    draft_kernels: bool = True
 
 
 class TargetView:
@@ -63,12 +77,7 @@ class TargetView:
         self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
                        "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
                        "compiles": 0, "compile_seconds": 0.0}
-        # compiled sub-layer walks, one per settled skip mask (control.set_compile_walks, for
-        # measurement only; the drafter sets compile_walks)
-        self.compile_walks = False
-        # the eager walk runs vLLM's fused CPU kernels (adapters.DraftKernels); off only to
-        # measure the native forms (control.set_draft_kernels, tools/draft_cost.py)
-        self.draft_kernels = True
+        self.draft_pass = DraftPass()  # the drafter puts its own here (drafter.py)
         self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
@@ -147,7 +156,7 @@ class TargetView:
         compiles it). With ``compile_walks`` a settled mask's walk is compiled once and
         cached; anything else runs eagerly (the same operations, each dispatched from
         Python)."""
-        if not (self.compile_walks and settled):
+        if not (self.draft_pass.compile_walks and settled):
             return self._eager_walk(mask), False, False
         key = (mask.attention, mask.mlp)
         walk = self._walks.get(key)
@@ -158,7 +167,7 @@ class TargetView:
 
     def _eager_walk(self, mask: SkipMask) -> Any:
         adapter, attention, mlp = self.adapter, mask.attention, mask.mlp
-        kernels = adapter.kernels if self.draft_kernels and len(adapter.kernels) else None
+        kernels = adapter.kernels if self.draft_pass.draft_kernels and len(adapter.kernels) else None
         if kernels is None:
             return lambda h, p: adapter.run(h, p, attention, mlp)
 

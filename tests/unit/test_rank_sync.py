@@ -26,6 +26,7 @@ from vllm_selfspec.proposers.layer_skip import SelfSpecProposer
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
 from vllm_selfspec.rank_sync import NOT_READY, RankSync, for_engine
+from vllm_selfspec.target import DraftPass
 
 V = 16
 L = 8
@@ -258,7 +259,7 @@ def _ctx(rows: int = 2) -> DraftContext:
 def _drafter(group: FakeGroup, gate_limit: int, fail_setup: bool = False) -> PluginDrafter:
     d = PluginDrafter.__new__(PluginDrafter)  # the parts propose_with_runner uses
     d.k, d.opts, d.drafting, d._phase_changes, d.known = 4, {}, True, 0, set()
-    d.compile_walks, d.draft_kernels = False, True
+    d.draft_pass = DraftPass()
     d._last_stats = time.monotonic()
     d.proposer = SelfSpecProposer(4, {"mask": SkipMask(frozenset({1}), frozenset())})
     d.view = TPTarget(group)
