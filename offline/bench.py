@@ -59,7 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--concurrency", type=int, default=1,
-                   help="requests in flight per engine (prompts are sent in groups of this size)")
+                   help="requests in flight per engine (vLLM's max_num_seqs)")
+    p.add_argument("--batching", choices=["continuous", "static"], default="continuous",
+                   help="with --concurrency > 1: continuous (rounds of 4 x concurrency prompts; "
+                        "vLLM starts the next prompt as soon as one finishes, as a server does) "
+                        "or static (groups of concurrency prompts, each waiting for its slowest)")
     p.add_argument("--warmup-prompts", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = {"model": args.model, "model_path": model_path, "dataset": args.dataset,
               "split": args.split, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
               "dtype": args.dtype, "temperature": args.temperature, "concurrency": args.concurrency,
+              "batching": args.batching, "round_prompts": round_prompts(args),
               "enforce_eager": args.enforce_eager, "ignore_eos": args.ignore_eos,
               "warmup_prompts": args.warmup_prompts, "prompt_ids": [p.id for p in timed],
               "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
@@ -201,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{len(groups)} groups of at most {max(len(g) for g in groups)}, each with its own "
               "baseline (speedups are taken within a group)")
     for members in groups:
-        run_group(members, warm, timed, sp, model_path, engine_kw, args.concurrency)
+        run_group(members, warm, timed, sp, model_path, engine_kw, round_prompts(args))
     for e in entries:
         e.extra.pop("_stats_error", None)
     rows = []
@@ -259,10 +264,21 @@ def engine_groups(entries: list[Entry], max_engines: int) -> list[list[Entry]]:
     return groups
 
 
+def round_prompts(args: argparse.Namespace) -> int:
+    """Prompts handed to each engine at once (one round of the rotation). One at a time
+    at concurrency 1. Above it, continuous batching hands over 4 x concurrency prompts and
+    lets vLLM's scheduler keep ``concurrency`` of them running (max_num_seqs), so a slow
+    request holds one slot, not the whole group; static batching hands over
+    ``concurrency`` prompts and waits for the slowest before the next group."""
+    c = max(1, args.concurrency)
+    return c if c == 1 or args.batching == "static" else 4 * c
+
+
 def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
-              model_path: str, engine_kw: dict[str, Any], concurrency: int) -> None:
-    """Start the group's engines, warm them up, then run the timed prompts with the
-    method order rotating every round; collect drafter stats; shut the engines down."""
+              model_path: str, engine_kw: dict[str, Any], per_round: int) -> None:
+    """Start the group's engines, warm them up, then run the timed prompts ``per_round``
+    at a time with the method order rotating every round; collect drafter stats; shut
+    the engines down."""
     from tqdm import tqdm
     from vllm import TokensPrompt
 
@@ -276,7 +292,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
         e.acc = Acceptance()
         e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
                        use_tqdm=False)
-    rounds = [timed[i: i + concurrency] for i in range(0, len(timed), concurrency)]
+    rounds = [timed[i: i + per_round] for i in range(0, len(timed), per_round)]
     bar = tqdm(total=len(rounds) * len(members), desc="benchmark", unit="run")
     for g, group in enumerate(rounds):
         order = members[g % len(members):] + members[: g % len(members)]

@@ -68,3 +68,14 @@ def test_bench_groups_keep_a_baseline_in_every_group():
     assert [[e.label for e in g] for g in groups] == [["baseline", "ngram", "a"],
                                                       ["baseline", "b", "c"]]
     assert groups[0][0] is entries[0] and groups[1][0] is not entries[0]  # its own engine
+
+
+def test_bench_rounds_follow_the_batching():
+    from vllm_selfspec.offline import bench
+
+    def per_round(*argv: str) -> int:
+        return bench.round_prompts(bench.parse_args(list(argv)))
+
+    assert per_round() == 1 and per_round("--batching", "static") == 1
+    assert per_round("--concurrency", "4") == 16  # continuous: vLLM refills the 4 slots
+    assert per_round("--concurrency", "4", "--batching", "static") == 4
