@@ -9,21 +9,27 @@ of about 1% of the time when it cannot win.
 It predicts instead of timing whole windows of drafted steps. Per engine step it
 learns, from the steps themselves:
 
-* t0, the plain step (steps that verified nothing and followed no drafting);
+* the step line ``seconds = a + b x``, x the tokens the step ran (one per request plus
+  its verified drafts), fitted by least squares that slowly forget (``StepFit``): a
+  plain step with n requests costs a + b n, and each verified draft token b more;
 * c_d, the drafter's own time per draft token (timed around the draft call);
-* c_v, the extra step time per verified draft token (prior: 0.03 t0);
 * a_i, the acceptance of draft position i given positions < i were accepted
   (Beta counts that slowly forget, so they follow the text).
 
-and drafts the d that maximizes the expected token rate of a step with n requests
-drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (t0 + n d (c_d + c_v))``, when that
-beats plain decoding (n / t0) by ``margin``. c_d and c_v are per draft token over the
-whole batch, so with n requests in flight a step pays them n times: at 4 requests a
-verified token costs four times its share of a plain step (measured: docs/results.md,
-"At 4 requests in flight"); acceptance uses an upper confidence bound, so
-positions seldom drafted keep being tried. While plain decoding wins, one probe step
-drafts a single token every P steps (P doubling, up to ``max_probe_every``), which
-keeps a_1 and c_d current for a few hundredths of a step each time.
+One line for every batch size matters: on 2 cores a step of SmolLM2-135M with 4 requests
+costs 40 ms plain and ~2.9 ms more per verified token (0.07 of the step), against
+~0.3 ms (0.01) with one request, because 4 requests' drafts push the step from
+memory-bound into compute-bound (docs/results.md, "At 4 requests in flight"). A single
+plain-step time and a per-token extra, as the gate had, took the plain step from the
+warm-up at one request and under-charged verification four- to fifteen-fold.
+
+It drafts the d that maximizes the expected token rate of a step with n requests
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (a + b n (1 + d) + n d c_d)``, when
+that beats plain decoding (n / (a + b n)) by ``margin``; acceptance uses an upper
+confidence bound, so positions seldom drafted keep being tried. While plain decoding
+wins, one probe step drafts a single token every P steps (P doubling, up to
+``max_probe_every``), which keeps a_1 and c_d current for a few hundredths of a step
+each time.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ DRAFT, PLAIN = "draft", "plain"
 
 @dataclass
 class CostGateConfig:
-    verify_cost: float = 0.03  # prior c_v / t0 (measured on SmolLM2, 2 cores: +0.031)
+    verify_cost: float = 0.03  # prior b / (mean step) (SmolLM2, 2 cores, 1 request: +0.031)
+    fit_forget: float = 0.97  # step-line samples decay by this per timed step (~33 kept)
+    fit_prior: float = 4.0  # weight of the prior slope (as 4 steps one token apart)
     prior_accept: float = 0.5  # Beta prior mean of a_i ...
     prior_weight: float = 2.0  # ... worth this many observations
     forget: float = 0.995  # acceptance counts decay by this per verification
-    timing_weight: float = 0.1  # EMA weight of a new timing sample
+    timing_weight: float = 0.1  # EMA weight of a new draft-time sample
     ucb: float = 1.0  # standard deviations of optimism on a_i
     margin: float = 0.02  # draft when the predicted rate beats plain by this share
     warmup_steps: int = 4  # plain steps before the first probe (to know t0)
@@ -56,6 +64,59 @@ class _Beta:
 
 
 @dataclass
+class StepFit:
+    """Engine step seconds as a line in the tokens the step ran, ``a + b x``: weighted
+    least squares whose samples decay by ``forget`` per step, with a ridge prior pulling
+    b towards ``prior_slope`` x (mean step seconds) at weight ``prior``, so steps that all
+    ran the same number of tokens (plain decoding at one batch size) fix a and leave b
+    at its prior."""
+
+    forget: float = 0.97
+    prior: float = 4.0
+    prior_slope: float = 0.03
+    s0: float = 0.0  # sum w
+    sx: float = 0.0  # sum w x
+    sxx: float = 0.0  # sum w x^2
+    sy: float = 0.0  # sum w y
+    sxy: float = 0.0  # sum w x y
+
+    def add(self, x: float, y: float) -> None:
+        f = self.forget
+        self.s0, self.sx, self.sxx = f * self.s0 + 1, f * self.sx + x, f * self.sxx + x * x
+        self.sy, self.sxy = f * self.sy + y, f * self.sxy + x * y
+
+    @property
+    def ready(self) -> bool:
+        return self.s0 > 0
+
+    def line(self) -> tuple[float, float]:
+        """(a, b): seconds of a step = a + b x."""
+        if not self.ready:
+            raise ValueError("no timed steps yet")
+        k = self.prior
+        b0 = self.prior_slope * self.sy / self.s0
+        det = self.s0 * (self.sxx + k) - self.sx * self.sx
+        b = (self.s0 * (self.sxy + k * b0) - self.sx * self.sy) / det
+        b = max(0.0, b)
+        a = max(0.0, (self.sy - b * self.sx) / self.s0)
+        return a, b
+
+    def seconds(self, tokens: float) -> float:
+        a, b = self.line()
+        return a + b * tokens
+
+    @classmethod
+    def exact(cls, a: float, b: float, weight: float = 1e6) -> StepFit:
+        """A fit that is (almost) certain of the line a + b x (tests, fixed costs)."""
+        fit = cls(forget=1.0, prior=0.0)
+        for x in (1.0, 9.0):
+            fit.add(x, a + b * x)
+        for name in ("s0", "sx", "sxx", "sy", "sxy"):
+            setattr(fit, name, getattr(fit, name) * weight / 2)
+        return fit
+
+
+@dataclass
 class CostGate:
     """Per-engine gate; ``k`` is the most drafts a step may have."""
 
@@ -63,9 +124,9 @@ class CostGate:
     cfg: CostGateConfig = field(default_factory=CostGateConfig)
 
     def __post_init__(self) -> None:
-        self.t0: float | None = None  # seconds per plain decode step
+        c = self.cfg
+        self.fit = StepFit(c.fit_forget, c.fit_prior, c.verify_cost)  # step seconds vs tokens
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
-        self.c_verify: float | None = None  # extra seconds per verified draft token
         self.accept = [_Beta() for _ in range(self.k)]
         self.steps = 0
         self.last_time: float | None = None
@@ -81,18 +142,30 @@ class CostGate:
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.cfg.timing_weight * (new - old)
 
-    def record(self, now: float, decode_only: bool, verified: int) -> None:
-        """Start of a drafting call: ``verified`` draft tokens were verified by the step
-        that just ran; ``decode_only`` is False when it did prefill work (not timed)."""
+    def record(self, now: float, decode_only: bool, verified: int, requests: int = 1) -> None:
+        """Start of a drafting call: the step that just ran had ``requests`` requests and
+        verified ``verified`` draft tokens; ``decode_only`` is False when it did prefill
+        work (not timed). Its seconds, less the drafting call before it, are one sample
+        of the step line."""
         if self.last_time is not None and decode_only:
-            dt = now - self.last_time
-            if verified == 0 and self.last_drafts == 0:
-                self.t0 = self._ema(self.t0, dt)
-            elif verified > 0 and self.t0 is not None:
-                extra = (dt - self.last_draft_seconds - self.t0) / verified
-                self.c_verify = self._ema(self.c_verify, max(0.0, extra))
+            x = max(1, requests) + verified
+            dt = max(0.0, now - self.last_time - self.last_draft_seconds)
+            # a step 4x slower than the line says was stalled (a pause, a busy machine),
+            # not priced: one such sample would move a least-squares line far
+            if not (self.fit.s0 >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x)):
+                self.fit.add(x, dt)
         self.last_time = now
         self.steps += 1
+
+    @property
+    def t0(self) -> float | None:
+        """Seconds of a plain step with as many requests as at the last plan()."""
+        return self.fit.seconds(self.batch) if self.fit.ready else None
+
+    @property
+    def c_verify(self) -> float | None:
+        """Extra seconds per verified draft token (the step line's slope)."""
+        return self.fit.line()[1] if self.fit.ready else None
 
     def skip_timing(self) -> None:
         """The step now running is not timed (it compiled the draft pass: a one-off)."""
@@ -128,14 +201,18 @@ class CostGate:
     def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1) -> float:
         """Expected token rate with d drafts for each of n requests over plain decoding's
         (1.0 = break even)."""
-        if d == 0 or self.t0 is None or self.c_draft is None:
+        if d == 0 or not self.fit.ready or self.c_draft is None:
             return 1.0
-        cv = self.c_verify if self.c_verify is not None else self.cfg.verify_cost * self.t0
+        n = max(1, n)
+        a, b = self.fit.line()
+        plain = a + b * n
+        if plain <= 0:
+            return 1.0
         tokens, run = 1.0, 1.0
         for i in range(d):
             run *= self.acceptance(i, optimistic)
             tokens += run
-        return tokens / (1.0 + max(1, n) * d * (self.c_draft + cv) / self.t0)
+        return tokens / (1.0 + n * d * (self.c_draft + b) / plain)
 
     def best(self, n: int | None = None) -> tuple[int, float]:
         """(d, predicted gain) of the best number of drafts for n requests (default: as
@@ -152,7 +229,7 @@ class CostGate:
         """Most drafts this step may have, for each of its ``n`` drafting requests: d* when
         drafting pays, 1 on a probe step, else 0."""
         self.batch = max(1, int(n))
-        if self.t0 is None or self.steps <= self.cfg.warmup_steps:
+        if not self.fit.ready or self.steps <= self.cfg.warmup_steps:
             d, gain = 0, 1.0
         elif self.c_draft is None:
             d, gain = 1, 1.0  # first probe: learn what a draft token costs
@@ -177,8 +254,8 @@ class CostGate:
         if self.t0 is None or self.c_draft is None:
             return "cost gate: measuring"
         d, g = self.best()
-        cv = self.c_verify if self.c_verify is not None else self.cfg.verify_cost * self.t0
-        return (f"cost gate: plain step {1000 * self.t0:.1f} ms, draft token "
-                f"{self.c_draft / self.t0:.2f} steps, verify +{cv / self.t0:.3f}, acceptance "
+        t0, cv = self.t0 or 1.0, self.c_verify or 0.0
+        return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, draft "
+                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}, acceptance "
                 f"{[round(self.acceptance(i, False), 2) for i in range(min(4, self.k))]} -> "
                 f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")

@@ -279,8 +279,9 @@ class PluginDrafter:
         if changes != self._phase_changes:
             self._phase_changes = changes
             self.gate = CostGate(k=self.k)
+        scheduled = getattr(ctx.scheduler_output, "num_scheduled_tokens", None) or {}
         self.gate.record(time.perf_counter(), decode_only(ctx.scheduler_output),
-                         sum(r.drafted for r in results))
+                         sum(r.drafted for r in results), requests=len(scheduled))
         for r in results:
             self.gate.observe(r.drafted, r.accepted)
         # requests that get a new token this step, and so may draft: each pays the verify cost

@@ -3,7 +3,7 @@ best number of tokens when that beats plain decoding, and costs little when it c
 
 import random
 
-from vllm_selfspec.proposers.cost_gate import CostGate, CostGateConfig
+from vllm_selfspec.proposers.cost_gate import CostGate, CostGateConfig, StepFit
 
 
 def simulate(gate, steps, draft_cost, accept, t0=0.05, verify_cost=0.03, prefill_every=0,
@@ -106,7 +106,7 @@ def test_every_request_in_flight_pays_the_verify_cost():
     4 requests: ngrammys fell to 0.79x of plain decoding on MT-bench with a gate that
     charged one request's cost)."""
     gate = CostGate(k=8)
-    gate.t0, gate.c_draft, gate.c_verify = 1.0, 0.005, 0.1
+    gate.fit, gate.c_draft = StepFit.exact(0.6, 0.1), 0.005  # plain: 0.7 s at 1, 1.0 at 4
     for _ in range(200):  # the first draft token is accepted 4 times in 10, no second one
         for accepted in (0, 0, 0, 1, 1):
             gate.observe(8, accepted)
@@ -116,3 +116,44 @@ def test_every_request_in_flight_pays_the_verify_cost():
     gate.steps, gate.next_probe = 100, 10**6
     assert gate.plan(4) == 0 and gate.batch == 4
     assert gate.plan(1) == one[0]
+
+
+def four_in_flight(accept, steps=600, seed=0):
+    """Steps as measured on SmolLM2-135M, 2 cores, MT-bench, 4 requests in flight: 28 ms
+    + 2.9 ms per token the step runs (plain: 40 ms), after 6 warm-up steps with one
+    request at 43 ms. Returns (gate, tokens per second, drafts per step)."""
+    rng = random.Random(seed)
+    gate = CostGate(k=8)
+    now, tokens, verified, plan = 0.0, 0, 0, []
+    for t in range(steps):
+        n = 1 if t < 6 else 4
+        gate.record(now, decode_only=True, verified=verified, requests=n)
+        if verified:
+            for _ in range(n):
+                acc = 0
+                while acc < verified // n and rng.random() < accept[acc]:
+                    acc += 1
+                gate.observe(verified // n, acc)
+                tokens += acc
+        d = gate.plan(n)
+        plan.append(d)
+        gate.drafted(n * d, n * d * 25e-6)
+        now += n * d * 25e-6 + (0.043 if n == 1 else 0.028 + 0.0029 * n * (1 + d))
+        tokens += n
+        verified = n * d
+    return gate, tokens / now, plan
+
+
+def test_learns_the_step_line_at_four_requests_in_flight():
+    """A gate that kept one plain-step time (taken in the warm-up, at one request) and an
+    extra per verified token under-charged drafting at 4 requests in flight (ngrammys:
+    0.80-1.03x of plain decoding on MT-bench). The step line prices it: with MT-bench's
+    acceptance drafting does not pay, so the gate decodes plainly; where acceptance is
+    high it drafts, and learns the slope from those steps."""
+    plain_rate = 4 / 0.0396
+    gate, rate, plan = four_in_flight([0.25, 0.36, 0.6, 0.7, 0.74, 0.74, 0.74, 0.74])
+    assert abs(gate.t0 - 0.0396) < 0.002  # the plain step at 4, not the warm-up's 43 ms
+    assert rate >= 0.97 * plain_rate and sum(plan[300:]) / 300 < 0.5
+    gate, rate, plan = four_in_flight([0.9] * 8)
+    assert abs(gate.c_verify - 0.0029) < 0.0003 and rate > 1.3 * plain_rate
+    assert 2 <= sum(plan[300:]) / 300 <= 6
