@@ -81,9 +81,15 @@ class StepFit:
     sxy: float = 0.0  # sum w x y
 
     def add(self, x: float, y: float) -> None:
+        self.decay()
+        self.s0, self.sx, self.sxx = self.s0 + 1, self.sx + x, self.sxx + x * x
+        self.sy, self.sxy = self.sy + y, self.sxy + x * y
+
+    def decay(self) -> None:
+        """One step's forgetting without a sample."""
         f = self.forget
-        self.s0, self.sx, self.sxx = f * self.s0 + 1, f * self.sx + x, f * self.sxx + x * x
-        self.sy, self.sxy = f * self.sy + y, f * self.sxy + x * y
+        self.s0, self.sx, self.sxx, self.sy, self.sxy = (
+            f * self.s0, f * self.sx, f * self.sxx, f * self.sy, f * self.sxy)
 
     @property
     def ready(self) -> bool:
@@ -151,8 +157,11 @@ class CostGate:
             x = max(1, requests) + verified
             dt = max(0.0, now - self.last_time - self.last_draft_seconds)
             # a step 4x slower than the line says was stalled (a pause, a busy machine),
-            # not priced: one such sample would move a least-squares line far
-            if not (self.fit.s0 >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x)):
+            # not priced: one such sample would move a least-squares line far. The fit
+            # still forgets, so a lasting slowdown is taken up after ~70 such steps
+            if self.fit.s0 >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x):
+                self.fit.decay()
+            else:
                 self.fit.add(x, dt)
         self.last_time = now
         self.steps += 1
