@@ -136,11 +136,9 @@ class CostGate:
         self.accept = [_Beta() for _ in range(self.k)]
         self.steps = 0
         self.last_time: float | None = None
-        self.last_drafts = 0  # draft tokens proposed at the previous call
         self.last_draft_seconds = 0.0
         self.probe_every = self.cfg.probe_every
         self.next_probe = self.cfg.warmup_steps
-        self.decision = 0
         self.batch = 1  # requests drafting at the last plan()
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
 
@@ -182,7 +180,6 @@ class CostGate:
 
     def drafted(self, tokens: int, seconds: float) -> None:
         """The drafting call proposed ``tokens`` draft tokens in ``seconds``."""
-        self.last_drafts = tokens
         self.last_draft_seconds = seconds
         if tokens > 0:
             self.c_draft = self._ema(self.c_draft, seconds / tokens)
@@ -207,29 +204,35 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1) -> float:
-        """Expected token rate with d drafts for each of n requests over plain decoding's
-        (1.0 = break even)."""
-        if d == 0 or not self.fit.ready or self.c_draft is None:
-            return 1.0
+    def _gains(self, n: int, optimistic: bool = True, upto: int | None = None) -> list[float]:
+        """Predicted gain of d = 1..upto drafts for each of n requests, in one pass: the
+        line is solved once and the acceptance products are built up (runs every step)."""
+        upto = self.k if upto is None else upto
+        if not self.fit.ready or self.c_draft is None:
+            return [1.0] * upto
         n = max(1, n)
         a, b = self.fit.line()
         plain = a + b * n
         if plain <= 0:
-            return 1.0
-        tokens, run = 1.0, 1.0
-        for i in range(d):
+            return [1.0] * upto
+        per_draft = n * (self.c_draft + b) / plain
+        gains, tokens, run = [], 1.0, 1.0
+        for i in range(upto):
             run *= self.acceptance(i, optimistic)
             tokens += run
-        return tokens / (1.0 + n * d * (self.c_draft + b) / plain)
+            gains.append(tokens / (1.0 + (i + 1) * per_draft))
+        return gains
+
+    def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1) -> float:
+        """Expected token rate with d drafts for each of n requests over plain decoding's
+        (1.0 = break even)."""
+        return self._gains(n, optimistic, d)[-1] if d > 0 else 1.0
 
     def best(self, n: int | None = None) -> tuple[int, float]:
         """(d, predicted gain) of the best number of drafts for n requests (default: as
         many as at the last plan(); 0 when none pays)."""
-        n = self.batch if n is None else n
         best_d, best_g = 0, 1.0
-        for d in range(1, self.k + 1):
-            g = self.predicted_gain(d, n=n)
+        for d, g in enumerate(self._gains(self.batch if n is None else n), start=1):
             if g > best_g:
                 best_d, best_g = d, g
         return (best_d, best_g) if best_g > 1.0 + self.cfg.margin else (0, best_g)
@@ -250,7 +253,6 @@ class CostGate:
                 d = 1
                 self.next_probe = self.steps + self.probe_every
                 self.probe_every = min(2 * self.probe_every, self.cfg.max_probe_every)
-        self.decision = d
         if len(self.history) < self.cfg.history:
             self.history.append((self.steps, d, round(gain, 4)))
         return d
