@@ -66,6 +66,12 @@ class DraftBatch:
     token_ids: np.ndarray | None = None  # [rows, max_len] token ids (prompt + output)
     num_tokens: np.ndarray | None = None  # [rows] valid length of token_ids per row
     states: list[TargetStates] | None = None  # for proposers with uses_hidden_states
+    # the cost gate's most drafts per evidence class (proposers.cost_gate); None: no limit
+    limit: Callable[[str], int] | None = None
+
+    def cap(self, req: DraftRequest, evidence: str) -> int:
+        """Most drafts ``req`` may have from a source of class ``evidence``."""
+        return req.max_len if self.limit is None else min(req.max_len, self.limit(evidence))
 
 
 @dataclass
@@ -83,6 +89,8 @@ class Proposal:
     # q for sampled drafts: [rows, K, V] float32, rows as DraftBatch.req_ids;
     # None when every draft is an argmax (vLLM then treats drafts as one-hot).
     probs: torch.Tensor | None = None
+    # per batch row, the evidence class of its draft (cost gate feedback); None: unlabelled
+    evidence: list[str] | None = None
 
 
 class LayerSkipTarget(Protocol):

@@ -14,7 +14,16 @@ learns, from the steps themselves:
   plain step with n requests costs a + b n, and each verified draft token b more;
 * c_d, the drafter's own time per draft token (timed around the draft call);
 * a_i, the acceptance of draft position i given positions < i were accepted
-  (Beta counts that slowly forget, so they follow the text).
+  (Beta counts that slowly forget, so they follow the text), per evidence class.
+
+Evidence classes: a proposer may label each draft with what it came from (N-Grammys: a
+context match of query length q seen once or more, an earlier request, a bigram row).
+The gate keeps one acceptance curve and one draft length per class, so drafts whose
+first token the target seldom takes (bigram rows: 0.20 on MT-bench) are cut while long
+context matches keep their chains. With one request in flight a verified token costs
+0.03 of a step and nearly every class pays; with four it costs 0.07 of a step, i.e. 0.3
+of each request's share, and only classes accepted above that do (docs/results.md).
+Unlabelled drafts share the class ``""``.
 
 One line for every batch size matters: on 2 cores a step of SmolLM2-135M with 4 requests
 costs 40 ms plain and ~2.9 ms more per verified token (0.07 of the step), against
@@ -29,7 +38,7 @@ that beats plain decoding (n / (a + b n)) by ``margin``; acceptance uses an uppe
 confidence bound, so positions seldom drafted keep being tried. While plain decoding
 wins, one probe step drafts a single token every P steps (P doubling, up to
 ``max_probe_every``), which keeps a_1 and c_d current for a few hundredths of a step
-each time.
+each time. Each evidence class has its own d and its own probe clock.
 """
 
 from __future__ import annotations
@@ -61,6 +70,16 @@ class CostGateConfig:
 class _Beta:
     hits: float = 0.0
     tries: float = 0.0
+
+
+@dataclass
+class _Evidence:
+    """One evidence class: its acceptance curve, draft length and probe clock."""
+
+    accept: list[_Beta]
+    probe_every: int
+    next_probe: int
+    limit: int = 0  # drafts this step (plan())
 
 
 @dataclass
@@ -133,14 +152,36 @@ class CostGate:
         c = self.cfg
         self.fit = StepFit(c.fit_forget, c.fit_prior, c.verify_cost)  # step seconds vs tokens
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
-        self.accept = [_Beta() for _ in range(self.k)]
+        self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
         self.last_draft_seconds = 0.0
-        self.probe_every = self.cfg.probe_every
-        self.next_probe = self.cfg.warmup_steps
         self.batch = 1  # requests drafting at the last plan()
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
+        self._evidence("")
+
+    def _evidence(self, name: str) -> _Evidence:
+        e = self.classes.get(name)
+        if e is None:
+            c = self.cfg
+            e = _Evidence([_Beta() for _ in range(self.k)], c.probe_every,
+                          max(c.warmup_steps, self.steps))
+            self.classes[name] = e
+        return e
+
+    @property
+    def accept(self) -> list[_Beta]:
+        """The unlabelled class's acceptance curve."""
+        return self.classes[""].accept
+
+    @property
+    def next_probe(self) -> int:
+        return self.classes[""].next_probe
+
+    @next_probe.setter
+    def next_probe(self, step: int) -> None:
+        for e in self.classes.values():
+            e.next_probe = step
 
     # ---- measurements ----------------------------------------------------------------------
     def _ema(self, old: float | None, new: float) -> float:
@@ -184,27 +225,34 @@ class CostGate:
         if tokens > 0:
             self.c_draft = self._ema(self.c_draft, seconds / tokens)
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """One verification: positions 0..drafted-1 were tried in order, ``accepted`` kept."""
-        for b in self.accept:
-            b.hits *= self.cfg.forget
-            b.tries *= self.cfg.forget
+    def observe(self, drafted: int, accepted: int, evidence: str = "") -> None:
+        """One verification of a draft of class ``evidence``: positions 0..drafted-1 were
+        tried in order, ``accepted`` kept. Every class's counts age by one verification."""
+        f = self.cfg.forget
+        for e in self.classes.values():
+            for b in e.accept:
+                b.hits *= f
+                b.tries *= f
+        curve = self._evidence(evidence).accept
         for i in range(min(drafted, self.k)):
             if i > accepted:
                 break
-            self.accept[i].tries += 1
-            self.accept[i].hits += float(i < accepted)
+            curve[i].tries += 1
+            curve[i].hits += float(i < accepted)
 
     # ---- decision ----------------------------------------------------------------------------
-    def acceptance(self, i: int, optimistic: bool = True) -> float:
-        c, b = self.cfg, self.accept[i]
+    def acceptance(self, i: int, optimistic: bool = True, evidence: str = "") -> float:
+        c = self.cfg
+        e = self.classes.get(evidence)
+        b = e.accept[i] if e is not None else _Beta()
         n = b.tries + c.prior_weight
         mean = (b.hits + c.prior_accept * c.prior_weight) / n
         if not optimistic:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def _gains(self, n: int, optimistic: bool = True, upto: int | None = None) -> list[float]:
+    def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
+               evidence: str = "") -> list[float]:
         """Predicted gain of d = 1..upto drafts for each of n requests, in one pass: the
         line is solved once and the acceptance products are built up (runs every step)."""
         upto = self.k if upto is None else upto
@@ -218,55 +266,83 @@ class CostGate:
         per_draft = n * (self.c_draft + b) / plain
         gains, tokens, run = [], 1.0, 1.0
         for i in range(upto):
-            run *= self.acceptance(i, optimistic)
+            run *= self.acceptance(i, optimistic, evidence)
             tokens += run
             gains.append(tokens / (1.0 + (i + 1) * per_draft))
         return gains
 
-    def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1) -> float:
-        """Expected token rate with d drafts for each of n requests over plain decoding's
-        (1.0 = break even)."""
-        return self._gains(n, optimistic, d)[-1] if d > 0 else 1.0
+    def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1,
+                       evidence: str = "") -> float:
+        """Expected token rate with d drafts (of class ``evidence``) for each of n requests
+        over plain decoding's (1.0 = break even)."""
+        return self._gains(n, optimistic, d, evidence)[-1] if d > 0 else 1.0
 
-    def best(self, n: int | None = None) -> tuple[int, float]:
-        """(d, predicted gain) of the best number of drafts for n requests (default: as
-        many as at the last plan(); 0 when none pays)."""
+    def best(self, n: int | None = None, evidence: str = "") -> tuple[int, float]:
+        """(d, predicted gain) of the best number of drafts of class ``evidence`` for n
+        requests (default: as many as at the last plan(); 0 when none pays). A step whose
+        requests draft from several classes is priced as if all drafted from this one."""
         best_d, best_g = 0, 1.0
-        for d, g in enumerate(self._gains(self.batch if n is None else n), start=1):
+        for d, g in enumerate(self._gains(self.batch if n is None else n, evidence=evidence),
+                              start=1):
             if g > best_g:
                 best_d, best_g = d, g
         return (best_d, best_g) if best_g > 1.0 + self.cfg.margin else (0, best_g)
 
     def plan(self, n: int = 1) -> int:
-        """Most drafts this step may have, for each of its ``n`` drafting requests: d* when
-        drafting pays, 1 on a probe step, else 0."""
+        """Most drafts this step may have, for each of its ``n`` drafting requests: the
+        largest of the classes' lengths (``limit`` gives each class's): d* where drafting
+        pays, 1 on that class's probe step, else 0."""
         self.batch = max(1, int(n))
-        if not self.fit.ready or self.steps <= self.cfg.warmup_steps:
-            d, gain = 0, 1.0
-        elif self.c_draft is None:
-            d, gain = 1, 1.0  # first probe: learn what a draft token costs
-        else:
-            d, gain = self.best()
-            if d > 0:
-                self.probe_every = self.cfg.probe_every
-            elif self.steps >= self.next_probe:
-                d = 1
-                self.next_probe = self.steps + self.probe_every
-                self.probe_every = min(2 * self.probe_every, self.cfg.max_probe_every)
+        top, top_gain = 0, 1.0
+        # the unlabelled class stands for classes not seen yet (its prior) until it is used
+        unused = len(self.classes) > 1 and not self.accept[0].tries
+        for name, e in self.classes.items():
+            if not self.fit.ready or self.steps <= self.cfg.warmup_steps:
+                d, gain = 0, 1.0
+            elif self.c_draft is None:
+                d, gain = 1, 1.0  # first probe: learn what a draft token costs
+            else:
+                d, gain = self.best(evidence=name)
+                if d > 0:
+                    e.probe_every = self.cfg.probe_every
+                elif self.steps >= e.next_probe:
+                    d = 1
+                    e.next_probe = self.steps + e.probe_every
+                    e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
+            e.limit = d
+            if not (name == "" and unused):
+                top, top_gain = max(top, d), max(top_gain, gain)
         if len(self.history) < self.cfg.history:
-            self.history.append((self.steps, d, round(gain, 4)))
-        return d
+            self.history.append((self.steps, top, round(top_gain, 4)))
+        return top
+
+    def limit(self, evidence: str) -> int:
+        """Most drafts of class ``evidence`` this step (by the last plan()). A class seen
+        for the first time drafts as the unlabelled one, which starts at the prior."""
+        e = self.classes.get(evidence)
+        if e is None:
+            e = self._evidence(evidence)
+            e.limit = self.classes[""].limit
+        return e.limit
 
     @property
     def winner(self) -> str:
-        return DRAFT if self.best()[0] > 0 else PLAIN
+        unused = len(self.classes) > 1 and not self.accept[0].tries
+        return DRAFT if any(self.best(evidence=name)[0] > 0 for name in self.classes
+                            if not (name == "" and unused)) else PLAIN
 
     def describe(self) -> str:
         if self.t0 is None or self.c_draft is None:
             return "cost gate: measuring"
-        d, g = self.best()
         t0, cv = self.t0 or 1.0, self.c_verify or 0.0
+        parts = []
+        for name in self.classes:
+            if name == "" and len(self.classes) > 1 and not self.accept[0].tries:
+                continue
+            d, g = self.best(evidence=name)
+            curve = [round(self.acceptance(i, False, name), 2) for i in range(min(3, self.k))]
+            parts.append(f"{name or 'drafts'} {curve} -> "
+                         f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
         return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, draft "
-                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}, acceptance "
-                f"{[round(self.acceptance(i, False), 2) for i in range(min(4, self.k))]} -> "
-                f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
+                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}; acceptance "
+                + "; ".join(parts))

@@ -42,9 +42,11 @@ from .past_requests import PastRequests
 MAX_OCCURRENCES = 512
 
 
-def context_rows(history: np.ndarray, q: int, w: int, limit: int) -> list[list[int]]:
+def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int
+                         ) -> list[tuple[list[int], int]]:
     """Appendix B.2: the continuations (length w) of earlier occurrences of the last q
-    tokens, most frequent first, ties to the most recent; at most ``limit`` rows."""
+    tokens, most frequent first, ties to the most recent; at most ``limit`` rows, each
+    with how often it occurs."""
     n = int(history.shape[0])
     last_start = n - q - w  # matches need w tokens after them
     if limit <= 0 or q <= 0 or last_start < 0:
@@ -66,7 +68,18 @@ def context_rows(history: np.ndarray, q: int, w: int, limit: int) -> list[list[i
         else:
             c[0] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
-    return [list(r) for r, _ in ranked[:limit]]
+    return [(list(r), c[0]) for r, c in ranked[:limit]]
+
+
+def context_rows(history: np.ndarray, q: int, w: int, limit: int) -> list[list[int]]:
+    """``counted_context_rows`` without the counts."""
+    return [r for r, _ in counted_context_rows(history, q, w, limit)]
+
+
+def context_evidence(q: int, count: int) -> str:
+    """The cost gate's evidence class of a context row (proposers.cost_gate): its query
+    length and whether its continuation occurred more than once."""
+    return f"context:q{q}:{'x2+' if count > 1 else 'x1'}"
 
 
 def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
@@ -74,32 +87,33 @@ def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
                ) -> list[list[int]]:
     """§4.3: context rows first (longest query first), then extended-bigram rows
     (of width ``bigram_w``, default w)."""
-    return mixed_rows_counted(history, table, k, w, max_query, min_query, bigram_w)[0]
+    return mixed_rows_labelled(history, table, k, w, max_query, min_query, bigram_w)[0]
 
 
-def mixed_rows_counted(history: np.ndarray, table: BigramTable | None, k: int, w: int,
-                       max_query: int, min_query: int = 1, bigram_w: int | None = None
-                       ) -> tuple[list[list[int]], int]:
-    """``mixed_rows`` and how many of them are context rows."""
+def mixed_rows_labelled(history: np.ndarray, table: BigramTable | None, k: int, w: int,
+                        max_query: int, min_query: int = 1, bigram_w: int | None = None
+                        ) -> tuple[list[list[int]], list[str]]:
+    """``mixed_rows`` and each row's evidence class (``context_evidence``, "bigram")."""
     rows: list[list[int]] = []
+    labels: list[str] = []
     seen: set[tuple[int, ...]] = set()
 
-    def add(r: list[int]) -> None:
+    def add(r: list[int], label: str) -> None:
         t = tuple(r)
         if r and t not in seen and len(rows) < k:
             seen.add(t)
             rows.append(r)
+            labels.append(label)
 
     for q in range(max_query, min_query - 1, -1):
-        for r in context_rows(history, q, w, k - len(rows)):
-            add(r)
+        for r, count in counted_context_rows(history, q, w, k - len(rows)):
+            add(r, context_evidence(q, count))
         if len(rows) >= k:
-            return rows, len(rows)
-    n_context = len(rows)
+            return rows, labels
     if table is not None and history.size:
         for r in table.rows(int(history[-1]), k, bigram_w or w):
-            add(r)
-    return rows, n_context
+            add(r, "bigram")
+    return rows, labels
 
 
 def row_likelihood(table: BigramTable, prev: int, row: list[int]) -> float:
@@ -191,7 +205,9 @@ class NGrammysProposer(Proposer):
 
     def candidates(self, history: np.ndarray, req_id: str | None = None
                    ) -> tuple[list[list[int]], list[str]]:
-        """Candidate rows for a request and where each comes from (kept/context/bigram)."""
+        """Candidate rows for a request and each one's evidence class: "kept", "history",
+        "bigram" or a context class (``context_evidence``); the source is the part before
+        the first colon."""
         rows: list[list[int]] = []
         if self.keep_rows and req_id is not None and req_id in self.kept:
             kept = self.kept[req_id]
@@ -201,21 +217,22 @@ class NGrammysProposer(Proposer):
                 for r in kept.rows:
                     if len(r) > e and r[:e] == emitted:
                         rows.append(r[e:])
-        sources = ["kept"] * len(rows)
-        mixed, n_context = mixed_rows_counted(history, self.table, self.rows_needed, self.width,
-                                      self.max_query, self.min_query, self.bigram_width)
+        labels = ["kept"] * len(rows)
+        mixed, mixed_labels = mixed_rows_labelled(history, self.table, self.rows_needed,
+                                                  self.width, self.max_query, self.min_query,
+                                                  self.bigram_width)
         if self.past is not None and req_id is not None:
             self.past.remember(req_id, history)  # moved into the buffer when it finishes
-        if self.past is not None and n_context == 0:
+        if self.past is not None and not any(x.startswith("context") for x in mixed_labels):
             r = self.past.draft(history, self.width)
             if r and r not in rows:
                 rows.append(r)
-                sources.append("history")
-        for j, r in enumerate(mixed):
+                labels.append("history")
+        for r, label in zip(mixed, mixed_labels):
             if r not in rows:
                 rows.append(r)
-                sources.append("context" if j < n_context else "bigram")
-        return rows, sources
+                labels.append(label)
+        return rows, labels
 
     def choose(self, history: np.ndarray, rows: list[list[int]], sources: list[str]) -> int:
         if not rows:
@@ -228,21 +245,24 @@ class NGrammysProposer(Proposer):
 
     def propose(self, batch: DraftBatch) -> Proposal:
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        evidence = [""] * len(batch.req_ids)
         assert batch.token_ids is not None and batch.num_tokens is not None
         for req in batch.requests:
             history = batch.token_ids[req.row, : int(batch.num_tokens[req.row])]
-            rows, sources = self.candidates(history, req.req_id)
-            i = self.choose(history, rows, sources)
+            rows, labels = self.candidates(history, req.req_id)
+            i = self.choose(history, rows, labels)
             if i < 0:
                 self.kept.pop(req.req_id, None)
                 continue
-            drafts[req.row] = rows[i][: req.max_len]
-            self.stats["steps"] += 1
-            self.stats["from_" + sources[i]] += 1
+            drafts[req.row] = rows[i][: batch.cap(req, labels[i])]
+            evidence[req.row] = labels[i]
+            if drafts[req.row]:  # (the gate may hold this class back)
+                self.stats["steps"] += 1
+                self.stats["from_" + labels[i].split(":")[0]] += 1
             if self.keep_rows:
                 self.kept[req.req_id] = _Kept(int(history.shape[0]),
                                               [r for j, r in enumerate(rows) if j != i])
-        return Proposal(drafts)
+        return Proposal(drafts, evidence=evidence)
 
     def finish(self, req_ids: set[str]) -> None:
         for r in req_ids:

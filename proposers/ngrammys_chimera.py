@@ -29,7 +29,7 @@ import torch
 
 from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
-from .ngrammys import HISTORY_HELP, context_rows
+from .ngrammys import HISTORY_HELP, context_evidence, counted_context_rows
 from .options import CommonOptions, option
 from .past_requests import PastRequests
 
@@ -63,13 +63,14 @@ class NGrammysChimeraProposer(ChimeraProposer):
         self.past = PastRequests(c.history_tokens) if c.history_tokens > 0 else None
         self.stats.update({"from_context": 0, "from_history": 0, "from_chimera": 0})
 
-    def context_draft(self, history: np.ndarray, limit: int) -> list[int]:
+    def context_draft(self, history: np.ndarray, limit: int) -> tuple[list[int], str]:
+        """The first context row (longest query first) and its evidence class."""
         c = self.cfg
         for q in range(c.query_length, c.min_query_length - 1, -1):
-            rows = context_rows(history, q, limit, 1)
+            rows = counted_context_rows(history, q, limit, 1)
             if rows:
-                return rows[0]
-        return []
+                return rows[0][0], context_evidence(q, rows[0][1])
+        return [], ""
 
     def describe(self) -> str:
         return (f"ngrammys-chimera: context n-grams (q {self.cfg.query_length}.."
@@ -92,24 +93,28 @@ class NGrammysChimeraProposer(ChimeraProposer):
         if batch.token_ids is None or batch.num_tokens is None:
             return Proposal(drafts)
         rest = []
+        evidence = [""] * len(batch.req_ids)
         for r in batch.requests:
             if r.max_len <= 0:
                 continue
             hist = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
             limit = min(r.max_len, self.k)
-            row = self.context_draft(hist, limit)
-            if row:
-                self.stats["from_context"] += 1
-            elif self.past is not None:
-                row = self.past.draft(hist, limit)
-                if row:
-                    self.stats["from_history"] += 1
+            row, label = self.context_draft(hist, limit)
+            if not row and self.past is not None:
+                row, label = self.past.draft(hist, limit), "history"
             if self.past is not None:
                 self.past.remember(r.req_id, hist)
             if row:
-                drafts[r.row] = [int(t) for t in row]
+                # a source the cost gate holds back drafts nothing (no fall-through to Chimera)
+                drafts[r.row] = [int(t) for t in row[: batch.cap(r, label)]]
+                evidence[r.row] = label
+                if drafts[r.row]:
+                    self.stats["from_" + label.split(":")[0]] += 1
             else:
-                rest.append(r)
+                r.max_len = batch.cap(r, "chimera")
+                if r.max_len > 0:
+                    rest.append(r)
+                    evidence[r.row] = "chimera"
         ready = self.ready(rest)
         if ready:
             self.stats["steps"] += 1
@@ -117,6 +122,7 @@ class NGrammysChimeraProposer(ChimeraProposer):
             out = self._draft(batch, ready, drafts)
         else:
             out = Proposal(drafts)
+        out.evidence = evidence
         if out.probs is not None:  # context drafts are one-hot in a sampled batch
             for r in batch.requests:
                 if r not in ready:

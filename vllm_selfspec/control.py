@@ -37,6 +37,10 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
         out["cost_gate"] = {
             "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "verify_token_s": gate.c_verify,
             "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],
+            "classes": {name: {"acceptance": [round(gate.acceptance(i, False, name), 4)
+                                              for i in range(gate.k)],
+                               "first_tries": round(e.accept[0].tries, 1), "drafts": e.limit}
+                        for name, e in gate.classes.items() if name},
             "winner": gate.winner, "describe": gate.describe(),
             "decisions": [list(h) for h in gate.history]}
     return out

@@ -132,6 +132,7 @@ class PluginDrafter:
         if self.sync is not None:
             self.proposer.agree = self.sync.share
         self._phase_changes = 0
+        self.evidence: dict[str, str] = {}  # req_id -> evidence class of its pending draft
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us
@@ -208,6 +209,8 @@ class PluginDrafter:
             self.proposer.observe(results)
             if finished:
                 self.proposer.finish(set(finished))
+                for r in finished:
+                    self.evidence.pop(r, None)
             limit = self._gate_limit(ctx, results) if self.drafting else 0
             # with TP every rank sets the step up: rank 0's limit is known only after plan()
             if limit > 0 or self.proposer.tracks_steps or self.sync is not None:
@@ -244,6 +247,10 @@ class PluginDrafter:
             # is neither what a draft token costs nor what verifying one costs
             self.gate.skip_timing()
         self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall)
+        if proposal.evidence is not None and self.gate is not None:
+            for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
+                if draft:
+                    self.evidence[req_id] = label
         self._maybe_log_stats()
         return proposal.drafts, proposal.probs
 
@@ -256,6 +263,9 @@ class PluginDrafter:
                           token_ids=runner.input_batch.token_ids_cpu,
                           num_tokens=runner.input_batch.num_tokens_no_spec,
                           states=target_states(ctx) if self.proposer.uses_hidden_states
+                          else None,
+                          # per-class lengths are rank-local: not where ranks must agree
+                          limit=self.gate.limit if self.gate is not None and self.sync is None
                           else None)
 
     def _save_mask(self, mask: Any, info: dict[str, Any]) -> None:
@@ -283,7 +293,7 @@ class PluginDrafter:
         self.gate.record(time.perf_counter(), decode_only(ctx.scheduler_output),
                          sum(r.drafted for r in results), requests=len(scheduled))
         for r in results:
-            self.gate.observe(r.drafted, r.accepted)
+            self.gate.observe(r.drafted, r.accepted, self.evidence.pop(r.req_id, ""))
         # requests that get a new token this step, and so may draft: each pays the verify cost
         return self.gate.plan(max(1, sum(1 for t in ctx.sampled_token_ids if t)))
 

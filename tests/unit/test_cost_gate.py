@@ -172,3 +172,47 @@ def test_a_stalled_step_is_left_out_and_a_lasting_slowdown_taken_up():
         gate.record(now, decode_only=True, verified=0)
         gate.drafted(0, 0.0)
     assert abs(gate.t0 - 0.25) < 0.02
+
+
+def two_sources(by_class, steps=800, seed=0):
+    """Four requests in flight on the measured step line, each drafting from a context
+    match (first token accepted 0.6 of the time, then 0.8) or a bigram row (0.2, then
+    0.13), half and half. ``by_class``: the gate learns each source's acceptance and
+    length; else one curve for all. Returns (gate, tokens per second)."""
+    curves = {"context": [0.6] + [0.8] * 7, "bigram": [0.2, 0.13] + [0.0] * 6}
+    rng = random.Random(seed)
+    gate = CostGate(k=8)
+    now, tokens, pending = 0.0, 0, []
+    for _ in range(steps):
+        gate.record(now, decode_only=True, verified=sum(d for d, _ in pending), requests=4)
+        for d, source in pending:
+            acc = 0
+            while acc < d and rng.random() < curves[source][acc]:
+                acc += 1
+            gate.observe(d, acc, source if by_class else "")
+            tokens += acc
+        top = gate.plan(4)
+        pending = []
+        for _ in range(4):
+            source = rng.choice(("context", "bigram"))
+            d = min(top, gate.limit(source if by_class else ""))
+            pending.append((d, source))
+        drafted = sum(d for d, _ in pending)
+        gate.drafted(drafted, drafted * 25e-6)
+        now += drafted * 25e-6 + 0.028 + 0.0029 * (4 + drafted)
+        tokens += 4
+    return gate, tokens / now
+
+
+def test_each_evidence_class_gets_its_own_draft_length():
+    """With 4 requests in flight a verified token costs 0.3 of each request's share of a
+    step: bigram rows (first token accepted 0.2 on MT-bench) do not pay for it, long
+    context matches do. One curve for both drafts short chains for all of them; a curve
+    per class drafts the context matches long and holds the bigram rows back."""
+    gate, by_class = two_sources(True)
+    _, one_curve = two_sources(False)
+    assert gate.limit("bigram") == 0 and gate.limit("context") >= 2
+    assert by_class > 1.08 * one_curve
+    assert gate.winner == "draft" and "bigram" in gate.describe()
+    # a class seen for the first time starts from the prior, as the unlabelled one does
+    assert gate.limit("history") == gate.classes[""].limit

@@ -88,6 +88,27 @@ def test_likelihood_selection_prefers_probable_rows():
     assert _propose(p, [3, 1, 2, 3]) == [4, 5]
 
 
+def test_drafts_are_labelled_and_capped_by_evidence_class():
+    """Each draft says what it came from, for the cost gate's per-class acceptance; the
+    gate's limit for that class caps it (0: no draft)."""
+    t = toy_table()
+    p = NGrammysProposer(3, {"table": t, "query_length": 2})
+    hist = [3, 1, 2, 9, 3, 1, 2, 9, 3, 1]  # (3, 1) seen twice, followed by (2, 9, 3) twice
+    req = DraftRequest(row=0, req_id="a", position=len(hist) - 1, token=1, max_len=3)
+    batch = DraftBatch(["a"], [req], np.asarray([hist]), np.asarray([len(hist)]))
+    out = p.propose(batch)
+    assert out.drafts == [[2, 9, 3]] and out.evidence == ["context:q2:x2+"]
+    batch.limit = {"context:q2:x2+": 1}.get
+    assert p.propose(batch).drafts == [[2]]
+    lone = [5, 6, 7]  # no match: a bigram row of 7
+    req = DraftRequest(row=0, req_id="b", position=2, token=7, max_len=3)
+    batch = DraftBatch(["b"], [req], np.asarray([lone]), np.asarray([3]))
+    assert p.propose(batch).evidence == ["bigram"]
+    batch.limit = {"bigram": 0}.get
+    out = p.propose(batch)
+    assert out.drafts == [[]] and p.stats["from_bigram"] == 1  # the held-back row not counted
+
+
 def test_draft_respects_max_len():
     p = NGrammysProposer(3, {"table": toy_table(), "num_rows": 2, "query_length": 1})
     assert _propose(p, [1, 2], max_len=1) == [3]
