@@ -30,7 +30,7 @@ import torch
 from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
 from .ngrammys import HISTORY_HELP, context_evidence, counted_context_rows
-from .options import CommonOptions, option
+from .options import option
 from .past_requests import PastRequests
 
 # 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here
@@ -46,10 +46,9 @@ class NGrammysChimeraOptions(ChimeraOptions):
                                "to min_query_length", "int", 1, 16, symbol="q")
     min_query_length: int = option(1, "shortest context query", "int", 1, 16)
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
-    # Context drafts are free and long; a gate that learns one acceptance curve for both
-    # sources would cut them short (measured: README, "ngrammys-chimera").
-    cost_gate: bool = option(False, CommonOptions.__dataclass_fields__["cost_gate"]
-                             .metadata["option"]["help"], "bool")
+    # cost_gate stays on (CommonOptions): the gate keeps one draft length per source
+    # (proposers.cost_gate, evidence classes), so long context matches keep their chains
+    # while Chimera's drafts are cut to what pays (docs/results.md, "per evidence class")
 
 
 class NGrammysChimeraProposer(ChimeraProposer):
