@@ -174,14 +174,10 @@ class CostGate:
         """The unlabelled class's acceptance curve."""
         return self.classes[""].accept
 
-    @property
-    def next_probe(self) -> int:
-        return self.classes[""].next_probe
-
-    @next_probe.setter
-    def next_probe(self, step: int) -> None:
-        for e in self.classes.values():
-            e.next_probe = step
+    def _counts(self, name: str) -> bool:
+        """Whether class ``name`` takes part in the step's decision: the unlabelled class
+        only stands for classes not seen yet (its prior) once a proposer labels drafts."""
+        return name != "" or len(self.classes) == 1 or self.accept[0].tries > 0
 
     # ---- measurements ----------------------------------------------------------------------
     def _ema(self, old: float | None, new: float) -> float:
@@ -294,8 +290,6 @@ class CostGate:
         pays, 1 on that class's probe step, else 0."""
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
-        # the unlabelled class stands for classes not seen yet (its prior) until it is used
-        unused = len(self.classes) > 1 and not self.accept[0].tries
         for name, e in self.classes.items():
             if not self.fit.ready or self.steps <= self.cfg.warmup_steps:
                 d, gain = 0, 1.0
@@ -310,7 +304,7 @@ class CostGate:
                     e.next_probe = self.steps + e.probe_every
                     e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
             e.limit = d
-            if not (name == "" and unused):
+            if self._counts(name):
                 top, top_gain = max(top, d), max(top_gain, gain)
         if len(self.history) < self.cfg.history:
             self.history.append((self.steps, top, round(top_gain, 4)))
@@ -327,9 +321,8 @@ class CostGate:
 
     @property
     def winner(self) -> str:
-        unused = len(self.classes) > 1 and not self.accept[0].tries
         return DRAFT if any(self.best(evidence=name)[0] > 0 for name in self.classes
-                            if not (name == "" and unused)) else PLAIN
+                            if self._counts(name)) else PLAIN
 
     def describe(self) -> str:
         if self.t0 is None or self.c_draft is None:
@@ -337,7 +330,7 @@ class CostGate:
         t0, cv = self.t0 or 1.0, self.c_verify or 0.0
         parts = []
         for name in self.classes:
-            if name == "" and len(self.classes) > 1 and not self.accept[0].tries:
+            if not self._counts(name):
                 continue
             d, g = self.best(evidence=name)
             curve = [round(self.acceptance(i, False, name), 2) for i in range(min(3, self.k))]

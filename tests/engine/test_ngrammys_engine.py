@@ -118,3 +118,20 @@ def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, p
             assert a == b, f"prompt {i} differs from plain decoding"
     a1, a2 = acceptance(first), acceptance(second)
     assert a2.accepted > a1.accepted, (a1, a2)
+
+
+def test_cost_gate_by_source_stays_identical(model_path, eval_prompts, plain):
+    """The defaults (cost gate on, one draft length per source of the draft) with 4 requests
+    in flight: output stays plain decoding's, and the gate has learnt the sources apart."""
+    from vllm_selfspec.control import drafter_stats
+
+    llm = make_llm(model_path, speculative_config={"method": "ngrammys"})
+    try:
+        outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        gate = llm.collective_rpc(drafter_stats)[0]["cost_gate"]
+    finally:
+        shutdown(llm)
+    for i, (a, b) in enumerate(zip(token_ids(outs), plain[0])):
+        assert a == b, f"prompt {i} differs from plain decoding"
+    tried = {name for name, c in gate["classes"].items() if c["first_tries"] > 0}
+    assert "bigram" in tried and any(n.startswith("context:") for n in tried), gate["classes"]

@@ -114,7 +114,7 @@ def test_every_request_in_flight_pays_the_verify_cost():
     one, four = gate.best(1), gate.best(4)
     assert one[0] == 1 and four[0] == 0 and four[1] < one[1]  # drafting does not pay at 4
     assert gate.predicted_gain(1, n=4) < gate.predicted_gain(1, n=1)
-    gate.steps, gate.next_probe = 100, 10**6
+    gate.steps, gate.classes[""].next_probe = 100, 10**6
     assert gate.plan(4) == 0 and gate.batch == 4
     assert gate.plan(1) == one[0]
 
