@@ -247,19 +247,26 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
-               evidence: str = "") -> list[float]:
-        """Predicted gain of d = 1..upto drafts for each of n requests, in one pass: the
-        line is solved once and the acceptance products are built up (runs every step)."""
-        upto = self.k if upto is None else upto
+    def _per_draft(self, n: int) -> float | None:
+        """What one more draft for each of n requests adds to a plain step's time, as a
+        share of it (None until the line and the draft cost are known)."""
         if not self.fit.ready or self.c_draft is None:
-            return [1.0] * upto
+            return None
         n = max(1, n)
         a, b = self.fit.line()
         plain = a + b * n
-        if plain <= 0:
-            return [1.0] * upto
-        per_draft = n * (self.c_draft + b) / plain
+        return n * (self.c_draft + b) / plain if plain > 0 else None
+
+    def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
+               evidence: str = "", per_draft: float | None = None) -> list[float]:
+        """Predicted gain of d = 1..upto drafts for each of n requests, in one pass over
+        the acceptance products (runs every step, per class; ``per_draft``: the step
+        line's share, solved once by the caller)."""
+        upto = self.k if upto is None else upto
+        if per_draft is None:
+            per_draft = self._per_draft(n)
+            if per_draft is None:
+                return [1.0] * upto
         gains, tokens, run = [], 1.0, 1.0
         for i in range(upto):
             run *= self.acceptance(i, optimistic, evidence)
@@ -273,13 +280,15 @@ class CostGate:
         over plain decoding's (1.0 = break even)."""
         return self._gains(n, optimistic, d, evidence)[-1] if d > 0 else 1.0
 
-    def best(self, n: int | None = None, evidence: str = "") -> tuple[int, float]:
+    def best(self, n: int | None = None, evidence: str = "",
+             per_draft: float | None = None) -> tuple[int, float]:
         """(d, predicted gain) of the best number of drafts of class ``evidence`` for n
         requests (default: as many as at the last plan(); 0 when none pays). A step whose
         requests draft from several classes is priced as if all drafted from this one."""
         best_d, best_g = 0, 1.0
-        for d, g in enumerate(self._gains(self.batch if n is None else n, evidence=evidence),
-                              start=1):
+        gains = self._gains(self.batch if n is None else n, evidence=evidence,
+                            per_draft=per_draft)
+        for d, g in enumerate(gains, start=1):
             if g > best_g:
                 best_d, best_g = d, g
         return (best_d, best_g) if best_g > 1.0 + self.cfg.margin else (0, best_g)
@@ -290,13 +299,15 @@ class CostGate:
         pays, 1 on that class's probe step, else 0."""
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
+        warm = self.fit.ready and self.steps > self.cfg.warmup_steps
+        per_draft = self._per_draft(self.batch) if warm else None  # one line solve a step
         for name, e in self.classes.items():
-            if not self.fit.ready or self.steps <= self.cfg.warmup_steps:
+            if not warm:
                 d, gain = 0, 1.0
             elif self.c_draft is None:
                 d, gain = 1, 1.0  # first probe: learn what a draft token costs
             else:
-                d, gain = self.best(evidence=name)
+                d, gain = self.best(evidence=name, per_draft=per_draft)
                 if d > 0:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
