@@ -130,16 +130,6 @@ class StepFit:
         a, b = self.line()
         return a + b * tokens
 
-    @classmethod
-    def exact(cls, a: float, b: float, weight: float = 1e6) -> StepFit:
-        """A fit that is (almost) certain of the line a + b x (tests, fixed costs)."""
-        fit = cls(forget=1.0, prior=0.0)
-        for x in (1.0, 9.0):
-            fit.add(x, a + b * x)
-        for name in ("s0", "sx", "sxx", "sy", "sxy"):
-            setattr(fit, name, getattr(fit, name) * weight / 2)
-        return fit
-
 
 @dataclass
 class CostGate:

@@ -35,7 +35,7 @@ import numpy as np
 from .base import DraftBatch, Proposal, Proposer
 from .ngram_tables import BigramTable
 from .options import CommonOptions, option
-from .past_requests import PastRequests
+from .past_requests import DraftsFromPastRequests
 
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
@@ -175,7 +175,7 @@ class NGrammysOptions(CommonOptions):
     # it cuts chains that do not pay (HumanEval 1.08x -> 1.28x; docs/results.md)
 
 
-class NGrammysProposer(Proposer):
+class NGrammysProposer(DraftsFromPastRequests, Proposer):
     """Method ``ngrammys``: one chain per step from the k mixed candidate rows."""
 
     options_class = NGrammysOptions
@@ -199,7 +199,7 @@ class NGrammysProposer(Proposer):
         # Only the first row is ever used: build just that one (same row, less work).
         self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}
-        self.past = PastRequests(c.history_tokens) if c.history_tokens > 0 else None
+        self.keep_past_requests(c.history_tokens)
         self.stats.update({"from_kept": 0, "from_context": 0, "from_history": 0,
                            "from_bigram": 0})
 
@@ -221,13 +221,11 @@ class NGrammysProposer(Proposer):
         mixed, mixed_labels = mixed_rows_labelled(history, self.table, self.rows_needed,
                                                   self.width, self.max_query, self.min_query,
                                                   self.bigram_width)
-        if self.past is not None and req_id is not None:
-            self.past.remember(req_id, history)  # moved into the buffer when it finishes
-        if self.past is not None and not any(x.startswith("context") for x in mixed_labels):
-            r = self.past.draft(history, self.width)
-            if r and r not in rows:
-                rows.append(r)
-                labels.append("history")
+        r = self.past_draft(req_id, history, self.width,
+                            not any(x.startswith("context") for x in mixed_labels))
+        if r and r not in rows:
+            rows.append(r)
+            labels.append("history")
         for r, label in zip(mixed, mixed_labels):
             if r not in rows:
                 rows.append(r)
@@ -267,11 +265,7 @@ class NGrammysProposer(Proposer):
     def finish(self, req_ids: set[str]) -> None:
         for r in req_ids:
             self.kept.pop(r, None)
-        if self.past is not None:
-            self.past.finish(req_ids)
-
-    def report(self) -> dict[str, Any]:
-        return self.past.report() if self.past is not None else {}
+        super().finish(req_ids)
 
     def describe(self) -> str:
         src = self.table.source if self.table is not None else "none"

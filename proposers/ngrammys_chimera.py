@@ -29,9 +29,9 @@ import torch
 
 from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
-from .ngrammys import HISTORY_HELP, context_evidence, counted_context_rows
+from .ngrammys import HISTORY_HELP, mixed_rows_labelled
 from .options import option
-from .past_requests import PastRequests
+from .past_requests import DraftsFromPastRequests
 
 # 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here
 DEFAULT_HISTORY_TOKENS = 262_144
@@ -51,7 +51,7 @@ class NGrammysChimeraOptions(ChimeraOptions):
     # while Chimera's drafts are cut to what pays (docs/results.md, "per evidence class")
 
 
-class NGrammysChimeraProposer(ChimeraProposer):
+class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
     """Method ``ngrammys-chimera``."""
 
     options_class = NGrammysChimeraOptions
@@ -59,30 +59,20 @@ class NGrammysChimeraProposer(ChimeraProposer):
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
         c = self.cfg
-        self.past = PastRequests(c.history_tokens) if c.history_tokens > 0 else None
+        self.keep_past_requests(c.history_tokens)
         self.stats.update({"from_context": 0, "from_history": 0, "from_chimera": 0})
 
     def context_draft(self, history: np.ndarray, limit: int) -> tuple[list[int], str]:
         """The first context row (longest query first) and its evidence class."""
-        c = self.cfg
-        for q in range(c.query_length, c.min_query_length - 1, -1):
-            rows = counted_context_rows(history, q, limit, 1)
-            if rows:
-                return rows[0][0], context_evidence(q, rows[0][1])
-        return [], ""
+        c = self.cfg  # ngrammys' candidate rows without bigram rows, the first one only
+        rows, labels = mixed_rows_labelled(history, None, 1, limit, c.query_length,
+                                           c.min_query_length)
+        return (rows[0], labels[0]) if rows else ([], "")
 
     def describe(self) -> str:
         return (f"ngrammys-chimera: context n-grams (q {self.cfg.query_length}.."
                 f"{self.cfg.min_query_length}, up to {self.k} tokens), else earlier requests "
                 f"({self.cfg.history_tokens} tokens kept), else " + super().describe())
-
-    def finish(self, req_ids: set[str]) -> None:
-        super().finish(req_ids)
-        if self.past is not None:
-            self.past.finish(req_ids)
-
-    def report(self) -> dict[str, Any]:
-        return {**super().report(), **(self.past.report() if self.past is not None else {})}
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
@@ -99,10 +89,9 @@ class NGrammysChimeraProposer(ChimeraProposer):
             hist = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
             limit = min(r.max_len, self.k)
             row, label = self.context_draft(hist, limit)
-            if not row and self.past is not None:
-                row, label = self.past.draft(hist, limit), "history"
-            if self.past is not None:
-                self.past.remember(r.req_id, hist)
+            past = self.past_draft(r.req_id, hist, limit, not row)
+            if not row:
+                row, label = past, "history"
             if row:
                 # a source the cost gate holds back drafts nothing (no fall-through to Chimera)
                 drafts[r.row] = [int(t) for t in row[: batch.cap(r, label)]]

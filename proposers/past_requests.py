@@ -16,6 +16,8 @@ buffer, so drafts agree across ranks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 SEPARATOR = -1  # between requests: never matches a token id
@@ -104,3 +106,34 @@ class PastRequests:
         return {"history_tokens": int(self.buffer.size), "history_bound": self.max_tokens,
                 "history_requests": self.requests_added, "history_bytes": self.memory_bytes(),
                 "history_running": len(self.running)}
+
+
+class DraftsFromPastRequests:
+    """Proposer mixin (before the proposer's base class): ``self.past``, the buffer of
+    earlier requests (None when ``history_tokens`` is 0), fed with every drafting
+    request's tokens, filled at ``finish`` and reported. One home for this wiring in
+    ``ngrammys`` and ``ngrammys-chimera``."""
+
+    past: PastRequests | None = None
+
+    def keep_past_requests(self, max_tokens: int) -> None:
+        self.past = PastRequests(max_tokens) if max_tokens > 0 else None
+
+    def past_draft(self, req_id: str | None, history: np.ndarray, width: int, want: bool
+                   ) -> list[int]:
+        """Remember the request's tokens; if ``want``, a draft from earlier requests
+        (it only reads finished requests, so the order of the two does not matter)."""
+        if self.past is None:
+            return []
+        if req_id is not None:
+            self.past.remember(req_id, history)  # moved into the buffer when it finishes
+        return self.past.draft(history, width) if want else []
+
+    def finish(self, req_ids: set[str]) -> None:
+        super().finish(req_ids)  # type: ignore[misc]
+        if self.past is not None:
+            self.past.finish(req_ids)
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(),  # type: ignore[misc]
+                **(self.past.report() if self.past is not None else {})}

@@ -6,6 +6,16 @@ import random
 from vllm_selfspec.proposers.cost_gate import CostGate, CostGateConfig, StepFit
 
 
+def exact_fit(a: float, b: float, weight: float = 1e6) -> StepFit:
+    """A step line the gate is (almost) certain of: a + b x seconds."""
+    fit = StepFit(forget=1.0, prior=0.0)
+    for x in (1.0, 9.0):
+        fit.add(x, a + b * x)
+    for name in ("s0", "sx", "sxx", "sy", "sxy"):
+        setattr(fit, name, getattr(fit, name) * weight / 2)
+    return fit
+
+
 def simulate(gate, steps, draft_cost, accept, t0=0.05, verify_cost=0.03, prefill_every=0,
              seed=0):
     """Engine steps on a fake clock. ``draft_cost`` and ``verify_cost`` are per token in
@@ -107,7 +117,7 @@ def test_every_request_in_flight_pays_the_verify_cost():
     4 requests: ngrammys fell to 0.79x of plain decoding on MT-bench with a gate that
     charged one request's cost)."""
     gate = CostGate(k=8)
-    gate.fit, gate.c_draft = StepFit.exact(0.6, 0.1), 0.005  # plain: 0.7 s at 1, 1.0 at 4
+    gate.fit, gate.c_draft = exact_fit(0.6, 0.1), 0.005  # plain: 0.7 s at 1, 1.0 at 4
     for _ in range(200):  # the first draft token is accepted 4 times in 10, no second one
         for accepted in (0, 0, 0, 1, 1):
             gate.observe(8, accepted)
