@@ -251,11 +251,15 @@ def draw(fig: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
     f.savefig(path, dpi=120)
 
 
+Label = Callable[[str, np.ndarray, list[int]], str]
+
+
 def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
-                cut: dict[str, int] | None = None) -> list[tuple[str, int, int]]:
+                cut: dict[str, int] | None = None, label: Label | None = None
+                ) -> list[tuple[str, int, int]]:
     """(source, drafted, accepted) of every step of the engine's proposer over ``data``
     (one proposer, requests in order, as ``sources``); ``cut``: the most tokens drafted
-    from each source."""
+    from each source; ``label``: the source's name from (evidence class, history, row)."""
     steps = []
     for i, (prompt, cont) in enumerate(data):
         rid = f"r{i}"
@@ -266,6 +270,8 @@ def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
             j = prop.choose(h, rows, srcs)
             src = srcs[j] if j >= 0 else "none"
             row = rows[j][: max(0, len(cont) - t - 1)] if j >= 0 else []
+            if label is not None and row:
+                src = label(src, h, row)
             if cut is not None:
                 row = row[: cut.get(src, len(row))]
             a = match_len(row, cont[t:])
@@ -274,6 +280,71 @@ def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
             t += a + 1
         prop.finish({rid})
     return steps
+
+
+def lengths_by_source(steps: list[tuple[str, int, int]], width: int, vpt: float
+                      ) -> dict[str, Any]:
+    """Per source of ``chain_steps``: the acceptance of each chain position given the ones
+    before it were accepted, and the length that maximises (1 + E[accepted]) / (1 + d vpt)."""
+    per_source: dict[str, Any] = {}
+    for src in sorted({s for s, _, _ in steps}):
+        tries, hits = np.zeros(width), np.zeros(width)
+        for s, d, a in steps:
+            if s != src:
+                continue
+            for i in range(min(d, width)):
+                if i > a:
+                    break
+                tries[i] += 1
+                hits[i] += i < a
+        cond = [float(h / t) if t else 0.0 for h, t in zip(hits, tries)]
+        reach = np.cumprod(cond)
+        gains = [(1 + reach[:d].sum()) / (1 + d * vpt) for d in range(width + 1)]
+        per_source[src] = {"steps": sum(1 for s, _, _ in steps if s == src),
+                           "acceptance_given_reached": [round(c, 3) for c in cond],
+                           "tried": tries.astype(int).tolist(), "best_length": int(np.argmax(gains))}
+    return per_source
+
+
+def bigram_agreement(table: BigramTable) -> Label:
+    """A finer evidence class: does the row's first token agree with the bigram table's
+    top-1 successor of the newest token ("b1") or not ("b0")? Bigram rows always do."""
+    def label(src: str, h: np.ndarray, row: list[int]) -> str:
+        if src == "bigram":
+            return src
+        prev = int(h[-1])
+        top = int(table.bigram_ids[prev, 0]) if 0 <= prev < table.vocab_size else -1
+        return f"{src}:{'b1' if row[0] == top else 'b0'}"
+    return label
+
+
+def agreement(dev: list[tuple[list[int], list[int]]], test: list[tuple[list[int], list[int]]],
+              table: BigramTable, width: int, history_tokens: int, vpts: list[float]
+              ) -> list[dict[str, Any]]:
+    """Would the cost gate's evidence classes gain from splitting each class by
+    ``bigram_agreement``? Lengths per class are fitted on ``dev`` and replayed on ``test``
+    (out of sample), at each verify cost per drafted token in ``vpts`` (a request's share
+    of a step: about 0.031 with one request in flight, 0.3 with four)."""
+    out = []
+    tokens = sum(len(c) for _, c in test)
+    for name, hist in (("ngrammys", 0), ("ngrammys + history", history_tokens)):
+        def proposer(hist: int = hist) -> NGrammysProposer:
+            return NGrammysProposer(width, {"table": table, "history_tokens": hist})
+
+        for classes, label in (("evidence classes", None),
+                               ("classes x bigram agreement", bigram_agreement(table))):
+            dev_steps = chain_steps(dev, proposer(), label=label)
+            for vpt in vpts:
+                cut = {s: v["best_length"]
+                       for s, v in lengths_by_source(dev_steps, width, vpt).items()}
+                steps = chain_steps(test, proposer(), cut, label)
+                calls = len(steps) + len(test)
+                drafted = sum(d for _, d, _ in steps)
+                out.append({"drafter": name, "classes": classes, "verify_per_token": vpt,
+                            "tokens_per_call": tokens / calls,
+                            "drafted_per_step": drafted / len(steps),
+                            "est_speedup": tokens / (calls + vpt * drafted)})
+    return out
 
 
 def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
@@ -291,25 +362,8 @@ def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, wi
         steps = chain_steps(data, proposer())
         tokens = sum(len(c) for _, c in data)
         calls = len(steps) + len(data)
-        per_source: dict[str, Any] = {}
-        cut: dict[str, int] = {}
-        for src in sorted({s for s, _, _ in steps}):
-            tries, hits = np.zeros(width), np.zeros(width)
-            for s, d, a in steps:
-                if s != src:
-                    continue
-                for i in range(min(d, width)):
-                    if i > a:
-                        break
-                    tries[i] += 1
-                    hits[i] += i < a
-            cond = [float(h / t) if t else 0.0 for h, t in zip(hits, tries)]
-            reach = np.cumprod(cond)
-            gains = [(1 + reach[:d].sum()) / (1 + d * vpt) for d in range(width + 1)]
-            cut[src] = int(np.argmax(gains))
-            per_source[src] = {"steps": sum(1 for s, _, _ in steps if s == src),
-                               "acceptance_given_reached": [round(c, 3) for c in cond],
-                               "tried": tries.astype(int).tolist(), "best_length": cut[src]}
+        per_source = lengths_by_source(steps, width, vpt)
+        cut = {src: v["best_length"] for src, v in per_source.items()}
         cut_steps = chain_steps(data, proposer(), cut)
         fixed = sum(d for _, d, _ in steps)
         accepted = sum(a for _, _, a in steps)
@@ -351,6 +405,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only the draft-length study (writes OUT-DIR/draft-length.json): "
                         "acceptance per chain position and source, the best length per "
                         "source, and the ceiling of any length rule")
+    p.add_argument("--agreement", action="store_true",
+                   help="only the agreement study (writes OUT-DIR/agreement.json): lengths per "
+                        "evidence class fitted on the dev split, replayed on the test split, "
+                        "with and without splitting each class by whether its first token is "
+                        "the bigram table's top-1")
     p.add_argument("--out-dir", default="results/ngrammys")
     args = p.parse_args(argv)
     from tqdm import tqdm
@@ -370,11 +429,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 [int(x) for x in args.queries.split(",")], ("first", "likelihood"), (False, True))
             for bw in sorted({min(b, w) for b in bws} | {w})]
     report: dict[str, Any] = {"config": vars(args), "verify_per_token": vpt, "figure2": {},
-                              "realizations": {}, "sources": {}, "draft_length": {}}
+                              "realizations": {}, "sources": {}, "draft_length": {},
+                              "agreement": {}}
     for ds in args.datasets.split(","):
         prompts, conts = continuations(path, ds, args.split, args.num_prompts, args.max_tokens,
                                        out / f"continuations-{ds}-{args.split}.json")
         data = list(zip(prompts, conts))
+        if args.agreement:
+            dev = list(zip(*continuations(path, ds, "dev", args.num_prompts, args.max_tokens,
+                                          out / f"continuations-{ds}-dev.json")))
+            report["agreement"][ds] = agreement(dev, data, table, 8, args.history_tokens,
+                                                [vpt, 0.1, 0.3])
+            continue
         if args.draft_length:
             report["draft_length"][ds] = draft_length(data, table, 8, args.history_tokens, vpt)
             continue
@@ -386,6 +452,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             data, table, grid, vpt, lambda it, ds=ds: tqdm(it, desc=f"{ds} realizations"))
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.split == "test" else f"-{args.split}"
+    if args.agreement:
+        (out / "agreement.json").write_text(json.dumps(report, indent=1) + "\n")
+        print_tables(report)
+        return report
     if args.draft_length:
         (out / f"draft-length{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
         print_tables(report)
@@ -429,6 +499,15 @@ def print_tables(report: dict[str, Any]) -> None:
             print(f"| {r['drafter']} | {f['drafted_per_step']:.2f}, {f['est_speedup']:.3f} | "
                   f"{c['drafted_per_step']:.2f}, {c['est_speedup']:.3f} | "
                   f"{top['drafted_per_step']:.2f}, {top['est_speedup']:.3f} | {lengths} | {accept} |")
+    for ds, rows in report.get("agreement", {}).items():
+        print(f"\n### {ds}: lengths per class fitted on dev, replayed on test (est. speedup)")
+        vpts = sorted({r["verify_per_token"] for r in rows})
+        print("| drafter | classes | " + " | ".join(f"verify {v:.3f}" for v in vpts) + " |")
+        print("|---|---|" + "---:|" * len(vpts))
+        for key in dict.fromkeys((r["drafter"], r["classes"]) for r in rows):
+            est = {r["verify_per_token"]: r["est_speedup"] for r in rows
+                   if (r["drafter"], r["classes"]) == key}
+            print(f"| {key[0]} | {key[1]} | " + " | ".join(f"{est[v]:.3f}" for v in vpts) + " |")
     for ds, rows in report.get("realizations", {}).items():
         best = sorted(rows, key=lambda r: -r["chain"]["est_speedup"])[:8]
         print(f"\n### {ds}: realizations, best 8 by estimated speedup of the chain")
