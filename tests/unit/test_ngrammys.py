@@ -214,3 +214,19 @@ def test_bigram_table_none_drafts_from_the_context_only(monkeypatch):
     batch = DraftBatch(["a"], [DraftRequest(0, "a", 3, 4, 3)], token_ids=toks,
                        num_tokens=np.array([4]))
     assert p.propose(batch).drafts == [[]]
+
+
+def test_replay_splits_classes_by_the_bigram_vote():
+    """tools/ngrammys_calls.py --agreement: a context row whose first token is the bigram
+    table's top-1 successor of the newest token gets the class suffix "b1", else "b0"; the
+    per-source lengths give a class whose first token is never accepted no tokens."""
+    from vllm_selfspec.offline.ngrammys_calls import bigram_agreement, lengths_by_source
+
+    label = bigram_agreement(toy_table())
+    h = np.array([4, 5])
+    assert label("context:q1:x1", h, [6, 7]) == "context:q1:x1:b1"  # toy top-1 of 5 is 6
+    assert label("history", h, [7]) == "history:b0"
+    assert label("bigram", h, [9]) == "bigram"
+    steps = [("good", 4, 4)] * 10 + [("bad", 4, 0)] * 10
+    lengths = lengths_by_source(steps, 4, 0.031)
+    assert lengths["good"]["best_length"] == 4 and lengths["bad"]["best_length"] == 0
