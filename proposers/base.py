@@ -91,6 +91,9 @@ class Proposal:
     probs: torch.Tensor | None = None
     # per batch row, the evidence class of its draft (cost gate feedback); None: unlabelled
     evidence: list[str] | None = None
+    # per evidence class the proposer timed itself: (draft tokens, seconds); the cost gate
+    # prices that class's tokens on their own (proposers.cost_gate.CostGate.drafted)
+    timed: dict[str, tuple[int, float]] | None = None
 
 
 class LayerSkipTarget(Protocol):

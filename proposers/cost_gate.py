@@ -12,7 +12,9 @@ learns, from the steps themselves:
 * the step line ``seconds = a + b x``, x the tokens the step ran (one per request plus
   its verified drafts), fitted by least squares that slowly forget (``StepFit``): a
   plain step with n requests costs a + b n, and each verified draft token b more;
-* c_d, the drafter's own time per draft token (timed around the draft call);
+* c_d, the drafter's own time per draft token (timed around the draft call; a proposer
+  that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
+  class its own c_d, and the rest of the call is shared by the other tokens);
 * a_i, the acceptance of draft position i given positions < i were accepted
   (Beta counts that slowly forget, so they follow the text), per evidence class.
 
@@ -80,6 +82,7 @@ class _Evidence:
     probe_every: int
     next_probe: int
     limit: int = 0  # drafts this step (plan())
+    c_draft: float | None = None  # seconds per draft token, where the proposer timed it
 
 
 @dataclass
@@ -205,11 +208,19 @@ class CostGate:
         """The step now running is not timed (it compiled the draft pass: a one-off)."""
         self.last_time = None
 
-    def drafted(self, tokens: int, seconds: float) -> None:
-        """The drafting call proposed ``tokens`` draft tokens in ``seconds``."""
+    def drafted(self, tokens: int, seconds: float,
+                timed: dict[str, tuple[int, float]] | None = None) -> None:
+        """The drafting call proposed ``tokens`` draft tokens in ``seconds``; ``timed``:
+        per evidence class the proposer timed itself, (its tokens, its seconds), which
+        are taken out of the call's before the rest is shared by the other tokens."""
         self.last_draft_seconds = seconds
+        for name, (n, secs) in (timed or {}).items():
+            if n > 0:
+                e = self._evidence(name)
+                e.c_draft = self._ema(e.c_draft, secs / n)
+            tokens, seconds = tokens - n, seconds - secs
         if tokens > 0:
-            self.c_draft = self._ema(self.c_draft, seconds / tokens)
+            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / tokens)
 
     def observe(self, drafted: int, accepted: int, evidence: str = "") -> None:
         """One verification of a draft of class ``evidence``: positions 0..drafted-1 were
@@ -237,15 +248,33 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def _per_draft(self, n: int) -> float | None:
-        """What one more draft for each of n requests adds to a plain step's time, as a
-        share of it (None until the line and the draft cost are known)."""
-        if not self.fit.ready or self.c_draft is None:
+    def _shares(self, n: int) -> tuple[float, float] | None:
+        """(verify, draft): what verifying one more token for each of n requests adds to a
+        plain step's time, as a share of it, and the same share per second of drafting
+        (None until the step line is known)."""
+        if not self.fit.ready:
             return None
         n = max(1, n)
         a, b = self.fit.line()
         plain = a + b * n
-        return n * (self.c_draft + b) / plain if plain > 0 else None
+        return (n * b / plain, n / plain) if plain > 0 else None
+
+    def draft_cost(self, evidence: str = "") -> float | None:
+        """Seconds per draft token of class ``evidence``: its own where the proposer timed
+        it, else the call's."""
+        e = self.classes.get(evidence)
+        return e.c_draft if e is not None and e.c_draft is not None else self.c_draft
+
+    def _per_draft(self, n: int, evidence: str = "",
+                   shares: tuple[float, float] | None = None) -> float | None:
+        """What one more draft of class ``evidence`` for each of n requests adds to a plain
+        step's time, as a share of it (None until the line and the draft cost are known;
+        ``shares``: ``_shares(n)``, solved once a step by the caller)."""
+        shares = self._shares(n) if shares is None else shares
+        c = self.draft_cost(evidence)
+        if shares is None or c is None:
+            return None
+        return shares[0] + c * shares[1]
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
                evidence: str = "", per_draft: float | None = None) -> list[float]:
@@ -254,7 +283,7 @@ class CostGate:
         line's share, solved once by the caller)."""
         upto = self.k if upto is None else upto
         if per_draft is None:
-            per_draft = self._per_draft(n)
+            per_draft = self._per_draft(n, evidence)
             if per_draft is None:
                 return [1.0] * upto
         gains, tokens, run = [], 1.0, 1.0
@@ -290,14 +319,15 @@ class CostGate:
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
         warm = self.fit.ready and self.steps > self.cfg.warmup_steps
-        per_draft = self._per_draft(self.batch) if warm else None  # one line solve a step
+        shares = self._shares(self.batch) if warm else None  # one line solve a step
         for name, e in self.classes.items():
             if not warm:
                 d, gain = 0, 1.0
-            elif self.c_draft is None:
+            elif self.draft_cost(name) is None:
                 d, gain = 1, 1.0  # first probe: learn what a draft token costs
             else:
-                d, gain = self.best(evidence=name, per_draft=per_draft)
+                d, gain = self.best(evidence=name,
+                                    per_draft=self._per_draft(self.batch, name, shares))
                 if d > 0:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
@@ -335,7 +365,9 @@ class CostGate:
                 continue
             d, g = self.best(evidence=name)
             curve = [round(self.acceptance(i, False, name), 2) for i in range(min(3, self.k))]
-            parts.append(f"{name or 'drafts'} {curve} -> "
+            own = self.classes[name].c_draft
+            cost = f" at {own / t0:.2f} steps a token" if own is not None else ""
+            parts.append(f"{name or 'drafts'} {curve}{cost} -> "
                          f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
         return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, draft "
                 f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}; acceptance "

@@ -39,7 +39,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
             "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],
             "classes": {name: {"acceptance": [round(gate.acceptance(i, False, name), 4)
                                               for i in range(gate.k)],
-                               "first_tries": round(e.accept[0].tries, 1), "drafts": e.limit}
+                               "first_tries": round(e.accept[0].tries, 1), "drafts": e.limit,
+                               **({"draft_token_s": e.c_draft} if e.c_draft is not None else {})}
                         for name, e in gate.classes.items() if name},
             "winner": gate.winner, "describe": gate.describe(),
             "decisions": [list(h) for h in gate.history]}

@@ -246,7 +246,7 @@ class PluginDrafter:
             # this step compiled the draft pass (control.set_compile_walks): a one-off stall that
             # is neither what a draft token costs nor what verifying one costs
             self.gate.skip_timing()
-        self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall)
+        self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed)
         if proposal.evidence is not None and self.gate is not None:
             for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
                 if draft:
@@ -301,9 +301,10 @@ class PluginDrafter:
         timing = getattr(self.view, "timing", None) or {}
         return float(timing.get("compile_seconds", 0.0))
 
-    def _drafted(self, tokens: int, seconds: float) -> None:
+    def _drafted(self, tokens: int, seconds: float,
+                 timed: dict[str, tuple[int, float]] | None = None) -> None:
         if self.gate is not None:
-            self.gate.drafted(tokens, seconds)
+            self.gate.drafted(tokens, seconds, timed)
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

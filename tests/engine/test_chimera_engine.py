@@ -137,3 +137,19 @@ def test_preemption_keeps_output_exact(model_path, eval_prompts):
         shutdown(llm)
     assert got == ref
     assert st["store_resets"] > 0  # preempted requests were recomputed
+
+
+def test_ngrammys_chimera_defaults_identical(model_path, eval_prompts, reference):
+    """`ngrammys-chimera` with its defaults (context n-grams, earlier requests, the shipped
+    Chimera heads where neither matches, the cost gate per source): identical to plain
+    decoding, and the gate prices Chimera's draft tokens by their own time."""
+    llm = make_llm(model_path, speculative_config={"method": "ngrammys-chimera"})
+    try:
+        outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        st = llm.collective_rpc(control.drafter_stats)[0]
+    finally:
+        shutdown(llm)
+    assert token_ids(outs) == reference
+    assert st.get("failures", 0) == 0 and st["from_context"] > 0 and st["from_chimera"] > 0, st
+    chimera = st["cost_gate"]["classes"]["chimera"]
+    assert chimera["draft_token_s"] > st["cost_gate"]["draft_token_s"], st["cost_gate"]

@@ -201,6 +201,7 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     fresh = [1, 2, 3, 4, 12, 13, 14, 15, 16]  # no repeated bigram: Chimera drafts (<= 3 heads)
     out = p.propose(batch_for(fresh, hidden, 0, len(fresh) - 1))
     assert 1 <= len(out.drafts[0]) <= 3 and p.stats["from_chimera"] == 1
+    assert out.timed is not None and out.timed["chimera"][0] == len(out.drafts[0])  # priced apart
     # sampled batch: the context row's q is one-hot at its drafts
     p.finish({"r"})
     out = p.propose(batch_for(rep, hidden, 0, len(rep) - 1, temperature=0.9))

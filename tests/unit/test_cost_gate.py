@@ -226,3 +226,26 @@ def test_each_evidence_class_gets_its_own_draft_length():
     assert gate.winner == "draft" and "bigram" in gate.describe()
     # a class seen for the first time starts from the prior, as the unlabelled one does
     assert gate.limit("history") == gate.classes[""].limit
+
+
+def test_a_class_the_proposer_timed_is_priced_on_its_own():
+    """ngrammys-chimera times Chimera's heads (0.1 of a step a token) apart from its context
+    tokens (near free): with one averaged cost the gate would give both one price; with
+    the class's own cost the dear class drafts less than the free one at equal acceptance,
+    and the free tokens keep the call's remaining cost."""
+    gate = CostGate(k=8)
+    gate.fit = exact_fit(0.1, 0.003)  # plain step 0.103 s; +0.03 of it per verified token
+    gate.steps = 100
+    for _ in range(300):
+        for accepted in (0, 0, 0, 0, 0, 0, 1, 2, 4, 8):  # first token 0.4, then ~0.7
+            gate.observe(8, accepted, "context:q1:x1")
+            gate.observe(8, accepted, "chimera")
+        # a call: 8 context tokens (0.1 ms) and 2 Chimera tokens (10 ms each)
+        gate.drafted(10, 0.0201, {"chimera": (2, 0.020)})
+    assert abs(gate.c_draft - 0.0001 / 8) < 1e-6
+    assert abs(gate.draft_cost("chimera") - 0.010) < 1e-6
+    assert gate.draft_cost("context:q1:x1") == gate.c_draft
+    gate.plan(1)
+    assert gate.limit("context:q1:x1") == 8 and 0 < gate.limit("chimera") <= 4
+    stats = gate.describe()
+    assert "chimera" in stats and "steps a token" in stats
