@@ -116,6 +116,9 @@ class ChimeraProposer(Proposer):
     uses_hidden_states = True
     tracks_steps = True
     options_class = ChimeraOptions
+    # the evidence class a composed proposer files Chimera's drafts under: its tokens and
+    # seconds go to the cost gate as ``Proposal.timed`` (None: the call's cost is theirs)
+    timed_evidence: str | None = None
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         super().__init__(num_speculative_tokens, options)
@@ -273,8 +276,12 @@ class ChimeraProposer(Proposer):
         t0 = time.perf_counter()
         before = sum(len(drafts[r.row]) for r in reqs)
         out = self._draft_heads(batch, reqs, drafts)
-        self.stats["draft_seconds"] += time.perf_counter() - t0
-        self.stats["draft_tokens"] += sum(len(drafts[r.row]) for r in reqs) - before
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(drafts[r.row]) for r in reqs) - before
+        self.stats["draft_seconds"] += seconds
+        self.stats["draft_tokens"] += tokens
+        if self.timed_evidence is not None:
+            out.timed = {self.timed_evidence: (tokens, seconds)}
         return out
 
     def _draft_heads(self, batch: DraftBatch, reqs: list[Any], drafts: list[list[int]]
