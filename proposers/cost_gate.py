@@ -9,9 +9,14 @@ of about 1% of the time when it cannot win.
 It predicts instead of timing whole windows of drafted steps. Per engine step it
 learns, from the steps themselves:
 
-* the step line ``seconds = a + b x``, x the tokens the step ran (one per request plus
-  its verified drafts), fitted by least squares that slowly forget (``StepFit``): a
-  plain step with n requests costs a + b n, and each verified draft token b more;
+* the step line ``seconds = a + b x + o s``, x the tokens the step ran (one per request
+  plus its verified drafts), s 1 when it verified drafts, fitted by least squares that
+  slowly forget (``StepFit``): a plain step with n requests costs a + b n, each verified
+  draft token b more, and a step that verifies any o more. A gate that drafts on every
+  step never times a plain step, and a two-term line then took o for part of the plain
+  step (Chimera on HumanEval: a plain step of 53 ms against 48-52 ms in the plain gates
+  beside it; predicted 1.19x, ran at 0.96x), so while drafting wins by little one step in
+  32 decodes plainly to keep a and o apart;
 * c_d, the drafter's own time per draft token (timed around the draft call; a proposer
   that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
   class its own c_d, and the rest of the call is shared by the other tokens);
@@ -35,7 +40,7 @@ plain-step time and a per-token extra, as the gate had, took the plain step from
 warm-up at one request and under-charged verification four- to fifteen-fold.
 
 It drafts the d that maximizes the expected token rate of a step with n requests
-drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (a + b n (1 + d) + n d c_d)``, when
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (a + o + b n (1 + d) + n d c_d)``, when
 that beats plain decoding (n / (a + b n)) by ``margin``; acceptance uses an upper
 confidence bound, so positions seldom drafted keep being tried. While plain decoding
 wins, one probe step drafts a single token every P steps (P doubling, up to
@@ -56,6 +61,7 @@ class CostGateConfig:
     verify_cost: float = 0.03  # prior b / (mean step) (SmolLM2, 2 cores, 1 request: +0.031)
     fit_forget: float = 0.97  # step-line samples decay by this per timed step (~33 kept)
     fit_prior: float = 4.0  # weight of the prior slope (as 4 steps one token apart)
+    fit_overhead_prior: float = 0.25  # weight of the prior o = 0 (StepFit)
     prior_accept: float = 0.5  # Beta prior mean of a_i ...
     prior_weight: float = 2.0  # ... worth this many observations
     forget: float = 0.995  # acceptance counts decay by this per verification
@@ -66,6 +72,11 @@ class CostGateConfig:
     probe_every: int = 8  # P: steps between probes while plain decoding wins ...
     max_probe_every: int = 512  # ... doubling up to this
     history: int = 4096  # decisions kept for plots (step, drafts, predicted gain)
+    # plain probes: while drafting is predicted to win by less than reverse_below, a step
+    # decodes plainly when the last timed plain step is reverse_every steps old, so that a
+    # and o (StepFit) stay apart (at most (gain - 1) / 32 of the time)
+    reverse_every: int = 32
+    reverse_below: float = 1.5
 
 
 @dataclass
@@ -86,52 +97,131 @@ class _Evidence:
 
 
 @dataclass
+class _Sums:
+    """Weighted sums of one group of step samples (x: tokens, y: seconds)."""
+
+    w: float = 0.0
+    x: float = 0.0
+    xx: float = 0.0
+    y: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.w, self.x, self.xx, self.y, self.xy = (
+            self.w + 1, self.x + x, self.xx + x * x, self.y + y, self.xy + x * y)
+
+    def scale(self, f: float) -> None:
+        self.w, self.x, self.xx, self.y, self.xy = (
+            f * self.w, f * self.x, f * self.xx, f * self.y, f * self.xy)
+
+
+@dataclass
 class StepFit:
-    """Engine step seconds as a line in the tokens the step ran, ``a + b x``: weighted
-    least squares whose samples decay by ``forget`` per step, with a ridge prior pulling
-    b towards ``prior_slope`` x (mean step seconds) at weight ``prior``, so steps that all
-    ran the same number of tokens (plain decoding at one batch size) fix a and leave b
-    at its prior."""
+    """Engine step seconds as ``a + b x + o s``: x the tokens the step ran, s 1 when it
+    verified drafts (o: what a drafted step costs beyond its tokens: vLLM's rejection
+    sampler and spec-decode metadata, the proposer's bookkeeping outside its timed call).
+
+    Weighted least squares over two groups of samples, plain and drafted steps. A group
+    forgets by ``forget`` per sample of its own and by ``idle_forget`` per step of the
+    other, so a gate that drafts on almost every step still holds the plain steps it saw
+    (the warm-up's, its plain probes) and tells a from o; a stalled step ages both by
+    ``forget``. Ridge priors pull b towards ``prior_slope`` x (mean step seconds) at weight
+    ``prior`` and o towards 0 at weight ``overhead_prior``: steps that all ran the same
+    number of tokens (plain decoding at one batch size) fix a and leave b at its prior;
+    steps that all drafted fix a + o and leave o at 0."""
 
     forget: float = 0.97
     prior: float = 4.0
     prior_slope: float = 0.03
-    s0: float = 0.0  # sum w
-    sx: float = 0.0  # sum w x
-    sxx: float = 0.0  # sum w x^2
-    sy: float = 0.0  # sum w y
-    sxy: float = 0.0  # sum w x y
+    overhead_prior: float = 0.25
+    idle_forget: float = 0.99
+    plain: _Sums = field(default_factory=_Sums)
+    drafted: _Sums = field(default_factory=_Sums)
+    _solved: tuple[float, float, float] | None = field(default=None, repr=False)
 
-    def add(self, x: float, y: float) -> None:
-        self.decay()
-        self.s0, self.sx, self.sxx = self.s0 + 1, self.sx + x, self.sxx + x * x
-        self.sy, self.sxy = self.sy + y, self.sxy + x * y
+    def add(self, x: float, y: float, drafted: bool = False) -> None:
+        group, other = (self.drafted, self.plain) if drafted else (self.plain, self.drafted)
+        group.scale(self.forget)
+        group.add(x, y)
+        other.scale(self.idle_forget)
+        self._solved = None
 
     def decay(self) -> None:
-        """One step's forgetting without a sample."""
-        f = self.forget
-        self.s0, self.sx, self.sxx, self.sy, self.sxy = (
-            f * self.s0, f * self.sx, f * self.sxx, f * self.sy, f * self.sxy)
+        """One step's forgetting without a sample (a stalled step)."""
+        self.plain.scale(self.forget)
+        self.drafted.scale(self.forget)
+        self._solved = None
+
+    @property
+    def weight(self) -> float:
+        return self.plain.w + self.drafted.w
 
     @property
     def ready(self) -> bool:
-        return self.s0 > 0
+        return self.weight > 0
 
-    def line(self) -> tuple[float, float]:
-        """(a, b): seconds of a step = a + b x."""
+    def solve(self) -> tuple[float, float, float]:
+        """(a, b, o), each >= 0: a term that comes out negative is held at 0 and the rest
+        solved again (non-negative least squares over at most three terms)."""
+        if self._solved is not None:
+            return self._solved
         if not self.ready:
             raise ValueError("no timed steps yet")
-        k = self.prior
-        b0 = self.prior_slope * self.sy / self.s0
-        det = self.s0 * (self.sxx + k) - self.sx * self.sx
-        b = (self.s0 * (self.sxy + k * b0) - self.sx * self.sy) / det
-        b = max(0.0, b)
-        a = max(0.0, (self.sy - b * self.sx) / self.s0)
+        p, d = self.plain, self.drafted
+        s0, sx, sxx, sy, sxy = p.w + d.w, p.x + d.x, p.xx + d.xx, p.y + d.y, p.xy + d.xy
+        k, ko = self.prior, self.overhead_prior
+        b0 = self.prior_slope * sy / s0
+        # normal equations of sum w (y - a - b x - o s)^2 + k (b - b0)^2 + ko o^2
+        m = [[s0, sx, d.w], [sx, sxx + k, d.x], [d.w, d.x, d.w + ko]]
+        r = [sy, sxy + k * b0, d.y]
+        free = [0, 1, 2]
+        while True:
+            sol = _solve_sub(m, r, free)
+            worst = min(free[1:], key=lambda i: sol[i], default=None)
+            if worst is None or sol[worst] >= 0:
+                break
+            free.remove(worst)
+        a, b, o = sol
+        self._solved = (max(0.0, a), b, o)
+        return self._solved
+
+    def line(self) -> tuple[float, float]:
+        """(a, b): seconds of a plain step = a + b x."""
+        a, b, _ = self.solve()
         return a, b
 
-    def seconds(self, tokens: float) -> float:
-        a, b = self.line()
-        return a + b * tokens
+    @property
+    def overhead(self) -> float:
+        """o: seconds a drafted step costs beyond its tokens."""
+        return self.solve()[2] if self.ready else 0.0
+
+    def seconds(self, tokens: float, drafted: bool = False) -> float:
+        a, b, o = self.solve()
+        return a + b * tokens + (o if drafted else 0.0)
+
+
+def _solve_sub(m: list[list[float]], r: list[float], free: list[int]) -> list[float]:
+    """Solve m x = r for the terms in ``free`` with the others held at 0 (Gaussian
+    elimination; m is positive definite on any subset when the fit has a sample)."""
+    n = len(free)
+    aug = [[m[i][j] for j in free] + [r[i]] for i in free]
+    for c in range(n):
+        p = max(range(c, n), key=lambda i: abs(aug[i][c]))
+        aug[c], aug[p] = aug[p], aug[c]
+        if aug[c][c] == 0:
+            continue
+        for i in range(c + 1, n):
+            f = aug[i][c] / aug[c][c]
+            for j in range(c, n + 1):
+                aug[i][j] -= f * aug[c][j]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        s = aug[i][n] - sum(aug[i][j] * x[j] for j in range(i + 1, n))
+        x[i] = s / aug[i][i] if aug[i][i] else 0.0
+    out = [0.0, 0.0, 0.0]
+    for i, v in zip(free, x):
+        out[i] = v
+    return out
 
 
 @dataclass
@@ -143,13 +233,16 @@ class CostGate:
 
     def __post_init__(self) -> None:
         c = self.cfg
-        self.fit = StepFit(c.fit_forget, c.fit_prior, c.verify_cost)  # step seconds vs tokens
+        self.fit = StepFit(c.fit_forget, c.fit_prior, c.verify_cost,
+                           c.fit_overhead_prior)  # step seconds vs tokens
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
         self.last_draft_seconds = 0.0
         self.batch = 1  # requests drafting at the last plan()
+        self.last_plain = 0  # step of the last timed plain step
+        self.plain_probes = 0
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
         self._evidence("")
 
@@ -182,15 +275,17 @@ class CostGate:
         work (not timed). Its seconds, less the drafting call before it, are one sample
         of the step line."""
         if self.last_time is not None and decode_only:
-            x = max(1, requests) + verified
+            x, drafted = max(1, requests) + verified, verified > 0
             dt = max(0.0, now - self.last_time - self.last_draft_seconds)
             # a step 4x slower than the line says was stalled (a pause, a busy machine),
             # not priced: one such sample would move a least-squares line far. The fit
             # still forgets, so a lasting slowdown is taken up after ~70 such steps
-            if self.fit.s0 >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x):
+            if self.fit.weight >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x, drafted):
                 self.fit.decay()
             else:
-                self.fit.add(x, dt)
+                self.fit.add(x, dt, drafted)
+                if not drafted:
+                    self.last_plain = self.steps
         self.last_time = now
         self.steps += 1
 
@@ -203,6 +298,11 @@ class CostGate:
     def c_verify(self) -> float | None:
         """Extra seconds per verified draft token (the step line's slope)."""
         return self.fit.line()[1] if self.fit.ready else None
+
+    @property
+    def c_overhead(self) -> float | None:
+        """Extra seconds of a step that verifies drafts, beyond its tokens (StepFit's o)."""
+        return self.fit.overhead if self.fit.ready else None
 
     def skip_timing(self) -> None:
         """The step now running is not timed (it compiled the draft pass: a one-off)."""
@@ -248,16 +348,16 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def _shares(self, n: int) -> tuple[float, float] | None:
-        """(verify, draft): what verifying one more token for each of n requests adds to a
-        plain step's time, as a share of it, and the same share per second of drafting
-        (None until the step line is known)."""
+    def _shares(self, n: int) -> tuple[float, float, float] | None:
+        """(verify, draft, overhead): what verifying one more token for each of n requests
+        adds to a plain step's time, as a share of it, the same share per second of
+        drafting, and what drafting at all adds (None until the step line is known)."""
         if not self.fit.ready:
             return None
         n = max(1, n)
-        a, b = self.fit.line()
+        a, b, o = self.fit.solve()
         plain = a + b * n
-        return (n * b / plain, n / plain) if plain > 0 else None
+        return (n * b / plain, n / plain, o / plain) if plain > 0 else None
 
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence``: its own where the proposer timed
@@ -266,7 +366,7 @@ class CostGate:
         return e.c_draft if e is not None and e.c_draft is not None else self.c_draft
 
     def _per_draft(self, n: int, evidence: str = "",
-                   shares: tuple[float, float] | None = None) -> float | None:
+                   shares: tuple[float, float, float] | None = None) -> float | None:
         """What one more draft of class ``evidence`` for each of n requests adds to a plain
         step's time, as a share of it (None until the line and the draft cost are known;
         ``shares``: ``_shares(n)``, solved once a step by the caller)."""
@@ -277,20 +377,23 @@ class CostGate:
         return shares[0] + c * shares[1]
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
-               evidence: str = "", per_draft: float | None = None) -> list[float]:
+               evidence: str = "", per_draft: float | None = None,
+               overhead: float | None = None) -> list[float]:
         """Predicted gain of d = 1..upto drafts for each of n requests, in one pass over
-        the acceptance products (runs every step, per class; ``per_draft``: the step
-        line's share, solved once by the caller)."""
+        the acceptance products (runs every step, per class; ``per_draft`` and
+        ``overhead``: the step line's shares, solved once a step by the caller)."""
         upto = self.k if upto is None else upto
-        if per_draft is None:
-            per_draft = self._per_draft(n, evidence)
-            if per_draft is None:
+        if per_draft is None or overhead is None:
+            shares = self._shares(n)
+            per_draft = self._per_draft(n, evidence, shares)
+            if per_draft is None or shares is None:
                 return [1.0] * upto
+            overhead = shares[2]
         gains, tokens, run = [], 1.0, 1.0
         for i in range(upto):
             run *= self.acceptance(i, optimistic, evidence)
             tokens += run
-            gains.append(tokens / (1.0 + (i + 1) * per_draft))
+            gains.append(tokens / (1.0 + overhead + (i + 1) * per_draft))
         return gains
 
     def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1,
@@ -300,13 +403,13 @@ class CostGate:
         return self._gains(n, optimistic, d, evidence)[-1] if d > 0 else 1.0
 
     def best(self, n: int | None = None, evidence: str = "",
-             per_draft: float | None = None) -> tuple[int, float]:
+             per_draft: float | None = None, overhead: float | None = None) -> tuple[int, float]:
         """(d, predicted gain) of the best number of drafts of class ``evidence`` for n
         requests (default: as many as at the last plan(); 0 when none pays). A step whose
         requests draft from several classes is priced as if all drafted from this one."""
         best_d, best_g = 0, 1.0
         gains = self._gains(self.batch if n is None else n, evidence=evidence,
-                            per_draft=per_draft)
+                            per_draft=per_draft, overhead=overhead)
         for d, g in enumerate(gains, start=1):
             if g > best_g:
                 best_d, best_g = d, g
@@ -315,7 +418,10 @@ class CostGate:
     def plan(self, n: int = 1) -> int:
         """Most drafts this step may have, for each of its ``n`` drafting requests: the
         largest of the classes' lengths (``limit`` gives each class's): d* where drafting
-        pays, 1 on that class's probe step, else 0."""
+        pays, 1 on that class's probe step, else 0; and 0 for every class on a plain probe
+        (one step in ``reverse_every`` while drafting wins by little and the fit has few
+        plain steps: without them a step line fitted only to drafted steps takes what
+        drafting adds to a step for part of the plain step, and overrates drafting)."""
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
         warm = self.fit.ready and self.steps > self.cfg.warmup_steps
@@ -327,7 +433,8 @@ class CostGate:
                 d, gain = 1, 1.0  # first probe: learn what a draft token costs
             else:
                 d, gain = self.best(evidence=name,
-                                    per_draft=self._per_draft(self.batch, name, shares))
+                                    per_draft=self._per_draft(self.batch, name, shares),
+                                    overhead=shares[2] if shares else 0.0)
                 if d > 0:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
@@ -337,6 +444,13 @@ class CostGate:
             e.limit = d
             if self._counts(name):
                 top, top_gain = max(top, d), max(top_gain, gain)
+        c = self.cfg
+        if top and warm and top_gain < c.reverse_below and \
+                self.steps - self.last_plain >= c.reverse_every:
+            top, self.last_plain = 0, self.steps  # (timed at the next record())
+            self.plain_probes += 1
+            for e in self.classes.values():
+                e.limit = 0
         if len(self.history) < self.cfg.history:
             self.history.append((self.steps, top, round(top_gain, 4)))
         return top
@@ -358,7 +472,7 @@ class CostGate:
     def describe(self) -> str:
         if self.t0 is None or self.c_draft is None:
             return "cost gate: measuring"
-        t0, cv = self.t0 or 1.0, self.c_verify or 0.0
+        t0, cv, co = self.t0 or 1.0, self.c_verify or 0.0, self.c_overhead or 0.0
         parts = []
         for name in self.classes:
             if not self._counts(name):
@@ -370,5 +484,6 @@ class CostGate:
             parts.append(f"{name or 'drafts'} {curve}{cost} -> "
                          f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
         return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, draft "
-                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}; acceptance "
+                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}, a drafted step "
+                f"+{co / t0:.3f}; acceptance "
                 + "; ".join(parts))
