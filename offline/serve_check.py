@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -47,6 +46,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from vllm_selfspec.offline import process_group
 
 PLAIN = "plain"
 SERVER_KINDS = ("load", "stress")
@@ -285,8 +286,7 @@ class Server:
         """Start and wait until it answers; None, or why it did not come up."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
-                                         env=self.env, start_new_session=True)
+            self.proc = process_group.start(self.cmd, f, self.env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -312,16 +312,7 @@ class Server:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        process_group.stop(self.proc, grace=30.0)
 
 
 # ---- one load phase -----------------------------------------------------------------------

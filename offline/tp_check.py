@@ -42,13 +42,14 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from vllm_selfspec.offline import process_group
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 PLAIN = "plain"
@@ -192,19 +193,14 @@ def spawn(job: dict[str, Any], timeout: float, log_path: Path) -> dict[str, Any]
                str(result_file)]
         t0 = time.time()
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = process_group.start(cmd, log, env)
             try:
                 proc.wait(timeout=timeout)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
-            finally:
-                try:  # the engine's own process group: leftover workers included
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+            finally:  # the engine's own process group: leftover workers included
+                process_group.stop(proc, grace=0)
         seconds = round(time.time() - t0, 1)
         if result_file.exists():
             result = json.loads(result_file.read_text())
