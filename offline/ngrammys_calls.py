@@ -51,20 +51,34 @@ def match_len(row: list[int], future: list[int]) -> int:
     return n
 
 
+def walk(prompt: list[int], cont: list[int], step: Callable[[np.ndarray, int], int]) -> int:
+    """Decode ``cont`` after ``prompt`` as the engine does: the prefill yields its first
+    token, then each target call verifies a draft and yields 1 + what ``step(history, t)``
+    says was accepted of it (t: the index in ``cont`` of the token the call decides).
+    Returns the target calls after the prefill."""
+    hist, t, calls = list(prompt) + cont[:1], 1, 0
+    while t < len(cont):
+        a = step(np.asarray(hist), t)
+        hist += cont[t: t + a + 1]
+        t += a + 1
+        calls += 1
+    return calls
+
+
 def replay(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_step: int = 1
            ) -> tuple[int, int, int]:
     """Tokens, target calls and drafted tokens when each step verifies ``rows_fn``'s rows
     and yields 1 + the longest match (one row: the engine; k rows: the batched oracle)."""
-    hist = list(prompt) + cont[:1]
-    t, calls, drafted = 1, 1, 0  # the prefill produced the first token
-    while t < len(cont):
+    drafted = 0
+
+    def step(h: np.ndarray, t: int) -> int:
+        nonlocal drafted
         limit = len(cont) - t - 1
-        rows = [r[:limit] for r in rows_fn(np.asarray(hist))] if limit > 0 else []
-        a = max((match_len(r, cont[t:]) for r in rows), default=0)
+        rows = [r[:limit] for r in rows_fn(h)] if limit > 0 else []
         drafted += max((len(r) for r in rows), default=0)
-        hist += cont[t: t + a + 1]
-        t += a + 1
-        calls += calls_per_step
+        return max((match_len(r, cont[t:]) for r in rows), default=0)
+
+    calls = 1 + calls_per_step * walk(prompt, cont, step)  # the prefill is one call
     return len(cont), calls, drafted
 
 
@@ -260,12 +274,11 @@ def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
     """(source, drafted, accepted) of every step of the engine's proposer over ``data``
     (one proposer, requests in order, as ``sources``); ``cut``: the most tokens drafted
     from each source; ``label``: the source's name from (evidence class, history, row)."""
-    steps = []
+    steps: list[tuple[str, int, int]] = []
     for i, (prompt, cont) in enumerate(data):
         rid = f"r{i}"
-        hist, t = list(prompt) + cont[:1], 1
-        while t < len(cont):
-            h = np.asarray(hist)
+
+        def step(h: np.ndarray, t: int, rid: str = rid, cont: list[int] = cont) -> int:
             rows, srcs = prop.candidates(h, rid)
             j = prop.choose(h, rows, srcs)
             src = srcs[j] if j >= 0 else "none"
@@ -276,8 +289,9 @@ def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
                 row = row[: cut.get(src, len(row))]
             a = match_len(row, cont[t:])
             steps.append((src, len(row), a))
-            hist += cont[t: t + a + 1]
-            t += a + 1
+            return a
+
+        walk(prompt, cont, step)
         prop.finish({rid})
     return steps
 
