@@ -10,8 +10,8 @@ It predicts instead of timing whole windows of drafted steps. Per engine step it
 learns, from the steps themselves:
 
 * the step line ``seconds = a + b x + o s``, x the tokens the step ran (one per request
-  plus its verified drafts), s 1 when it verified drafts, fitted by least squares that
-  slowly forget (``StepFit``): a plain step with n requests costs a + b n, each verified
+  plus its verified drafts), s 1 when it verified drafts, fitted by least squares whose
+  plain and drafted samples slowly forget, each group at its own pace (``StepFit``): a plain step with n requests costs a + b n, each verified
   draft token b more, and a step that verifies any o more. A gate that drafts on every
   step never times a plain step, and a two-term line then took o for part of the plain
   step (Chimera on HumanEval: a plain step of 53 ms against 48-52 ms in the plain gates
@@ -59,7 +59,7 @@ DRAFT, PLAIN = "draft", "plain"
 @dataclass
 class CostGateConfig:
     verify_cost: float = 0.03  # prior b / (mean step) (SmolLM2, 2 cores, 1 request: +0.031)
-    fit_forget: float = 0.97  # step-line samples decay by this per timed step (~33 kept)
+    fit_forget: float = 0.97  # a step sample decays by this per later one of its group (StepFit)
     fit_prior: float = 4.0  # weight of the prior slope (as 4 steps one token apart)
     fit_overhead_prior: float = 0.25  # weight of the prior o = 0 (StepFit)
     prior_accept: float = 0.5  # Beta prior mean of a_i ...
