@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json_out}")
+        from vllm_selfspec.offline.gate_plot import default_path, draw
+
+        if draw(report, default_path(args.json_out)):  # the cost gates' decisions, if any
+            print(f"wrote {default_path(args.json_out)}")
     return report
 
 
