@@ -11,12 +11,13 @@ learns, from the steps themselves:
 
 * the step line ``seconds = a + b x + o s``, x the tokens the step ran (one per request
   plus its verified drafts), s 1 when it verified drafts, fitted by least squares whose
-  plain and drafted samples slowly forget, each group at its own pace (``StepFit``): a plain step with n requests costs a + b n, each verified
-  draft token b more, and a step that verifies any o more. A gate that drafts on every
-  step never times a plain step, and a two-term line then took o for part of the plain
-  step (Chimera on HumanEval: a plain step of 53 ms against 48-52 ms in the plain gates
-  beside it; predicted 1.19x, ran at 0.96x), so while drafting wins by little one step in
-  32 decodes plainly to keep a and o apart;
+  plain and drafted samples slowly forget, each group at its own pace (``StepFit``): a
+  plain step with n requests costs a + b n, each verified draft token b more, and a step
+  that verifies any o more. A gate that drafts on every step never times a plain step,
+  and a two-term line then took o for part of the plain step (Chimera on HumanEval: a
+  plain step of 53 ms against 48-52 ms in the plain gates beside it; predicted 1.19x,
+  ran at 0.96x), so while drafting wins by little one step in 32 decodes plainly to
+  keep a and o apart;
 * c_d, the drafter's own time per draft token (timed around the draft call; a proposer
   that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
   class its own c_d, and the rest of the call is shared by the other tokens);
