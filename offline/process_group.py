@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO
 
 
@@ -33,7 +32,3 @@ def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             continue
     proc.wait()
-
-
-def log_tail(path: Path, n: int = 3000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else ""
