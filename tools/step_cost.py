@@ -1,0 +1,6 @@
+"""What the linear layers of one engine step cost by its tokens (offline/step_cost.py)."""
+
+from vllm_selfspec.offline.step_cost import main
+
+if __name__ == "__main__":
+    main()
