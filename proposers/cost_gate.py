@@ -9,15 +9,15 @@ of about 1% of the time when it cannot win.
 It predicts instead of timing whole windows of drafted steps. Per engine step it
 learns, from the steps themselves:
 
-* the step line ``seconds = a + b x + o s``, x the tokens the step ran (one per request
-  plus its verified drafts), s 1 when it verified drafts, fitted by least squares whose
-  plain and drafted samples slowly forget, each group at its own pace (``StepFit``): a
-  plain step with n requests costs a + b n, each verified draft token b more, and a step
-  that verifies any o more. A gate that drafts on every step never times a plain step,
-  and a two-term line then took o for part of the plain step (Chimera on HumanEval: a
-  plain step of 53 ms against 48-52 ms in the plain gates beside it; predicted 1.19x,
-  ran at 0.96x), so while drafting wins by little one step in 32 decodes plainly to
-  keep a and o apart;
+* T(x), the seconds of a step that ran x tokens (one per request plus its verified
+  drafts), plain or drafted, a forgetting mean per x (``StepTable``): on this machine a
+  step of 3-6 tokens costs less than a plain one and one of 2 or 7-9 more (oneDNN's GEMM,
+  docs/results.md "What a step costs by its tokens"). Where an x has few samples it leans
+  on the step line ``a + b x + o s`` (s 1 when the step verified drafts), fitted by least
+  squares whose plain and drafted samples forget each at its own pace (``StepFit``); while
+  drafting wins by little, one step in 32 decodes plainly to keep the plain steps timed
+  (a gate that drafted on every step once took what a drafted step adds for part of the
+  plain step: Chimera on HumanEval predicted 1.19x and ran at 0.96x);
 * c_d, the drafter's own time per draft token (timed around the draft call; a proposer
   that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
   class its own c_d, and the rest of the call is shared by the other tokens);
@@ -41,12 +41,13 @@ plain-step time and a per-token extra, as the gate had, took the plain step from
 warm-up at one request and under-charged verification four- to fifteen-fold.
 
 It drafts the d that maximizes the expected token rate of a step with n requests
-drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (a + o + b n (1 + d) + n d c_d)``, when
-that beats plain decoding (n / (a + b n)) by ``margin``; acceptance uses an upper
-confidence bound, so positions seldom drafted keep being tried. While plain decoding
-wins, one probe step drafts a single token every P steps (P doubling, up to
-``max_probe_every``), which keeps a_1 and c_d current for a few hundredths of a step
-each time. Each evidence class has its own d and its own probe clock.
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)``, when that
+beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound,
+so positions seldom drafted keep being tried, and untried step sizes read a little
+cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
+tokens every P steps (P doubling, up to ``max_probe_every``), which keeps a_1 and c_d
+current for a few hundredths of a step each time. Each evidence class has its own d and
+its own probe clock.
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ class _Sums:
 @dataclass
 class StepFit:
     """Engine step seconds as ``a + b x + o s``: x the tokens the step ran, s 1 when it
-    verified drafts (o: what a drafted step costs beyond its tokens: vLLM's rejection
-    sampler and spec-decode metadata, the proposer's bookkeeping outside its timed call).
+    verified drafts (o: what a drafted step costs beyond its tokens; on this machine
+    mostly the GEMM shape ``StepTable`` holds, the rejection sampler is ~1 ms). The gate's
+    prior where ``StepTable`` has few samples of a step size.
 
     Weighted least squares over two groups of samples, plain and drafted steps. A group
     forgets by ``forget`` per sample of its own and by ``idle_forget`` per step of the
@@ -244,7 +246,10 @@ class StepTable:
     Each cell is a mean whose samples forget by ``forget`` per later sample of the cell and
     by ``age`` per engine step (applied when the cell is read or written, so a cell not
     visited for long leans back on the line). Its estimate is the mean with the line's
-    value weighing as ``prior`` samples. Cells stop at ``max_tokens``; above, the line."""
+    value weighing as ``prior`` samples. Cells stop at ``max_tokens``; above, the line.
+    Deciding, the gate reads a drafted cell with w samples ``optimism / (1 + w)`` cheaper,
+    so sizes the line prices like their neighbours get tried (as the acceptance's upper
+    bound gets positions tried), and tried again once their samples have aged."""
 
     forget: float = 0.9
     age: float = 0.995
@@ -265,10 +270,6 @@ class StepTable:
         w = self._aged(c, step)
         f = self.forget * (w / c[0] if c[0] > 0 else 0.0)
         c[0], c[1], c[2] = f * c[0] + 1.0, f * c[1] + y, float(step)
-
-    def weight(self, x: int, drafted: bool, step: int) -> float:
-        c = self.cells.get((x, drafted))
-        return self._aged(c, step) if c is not None else 0.0
 
     def seconds(self, x: int, drafted: bool, line: float, step: int,
                 optimism: float = 0.0) -> float:
@@ -476,9 +477,8 @@ class CostGate:
         """Most drafts this step may have, for each of its ``n`` drafting requests: the
         largest of the classes' lengths (``limit`` gives each class's): d* where drafting
         pays, 1 or 2 on that class's probe step (``_probe_length``), else 0; and 0 for
-        every class on a plain probe
-        (one step in ``reverse_every`` while drafting wins by little and the fit has few
-        plain steps: without them a step line fitted only to drafted steps takes what
+        every class on a plain probe (one step in ``reverse_every`` while drafting wins by
+        little: without plain steps a step line fitted only to drafted steps takes what
         drafting adds to a step for part of the plain step, and overrates drafting)."""
         self.batch = max(1, int(n))
         top, top_gain = 0, 1.0
