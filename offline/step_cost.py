@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {"config": {"model": args.model, "model_path": str(path), "dtype": args.dtype,
                          "threads": args.threads, "repeats": args.repeats,
                          "layer_shapes": shapes, "layers": layers, "vocab": vocab,
-                         "command": "python tools/step_cost.py " + " ".join(
-                             argv if argv is not None else __import__("sys").argv[1:])},
+                         "command": "python tools/step_cost.py " + shlex.join(
+                             argv if argv is not None else sys.argv[1:])},
               "rows": rows}
     if args.json_out:
         out = Path(args.json_out)
