@@ -159,8 +159,8 @@ class NGrammysOptions(CommonOptions):
     num_rows: int = option(10, "candidate rows per step (context matches first, then bigram "
                            "rows)", "int", 1, 64, symbol="k")
     # 8: as wide as the default chain, as in the paper (§3, rows of w); the cost gate cuts
-    # each class to the length that pays (bigram rows: 5 on this machine, where steps of
-    # 4-6 tokens cost less than steps of 1-3; MT-bench 1.87x against 1.74x with width 2)
+    # each class to the length that pays (bigram rows: 4-5 on this machine, where steps of
+    # 3-6 tokens cost less than plain ones; MT-bench 1.87x against 1.74x with width 2)
     bigram_width: int = option(8, "width of the extended-bigram rows (at most "
                                "num_speculative_tokens, the width of context rows)", "int", 1,
                                128)
