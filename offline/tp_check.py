@@ -60,6 +60,7 @@ ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_model_len=1024, block_size
 # Options per method for this check (see the module docstring).
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "ngrammys": {"bigram_table": "none"},
+    "ngrammys-history": {"bigram_table": "none"},
     "swift": {"context_window": 16, "optimization_budget": 0.5},
 }
 DATASETS = (("humaneval", 2), ("mtbench", 2))  # (dataset, prompts) for --num-prompts 4

@@ -31,10 +31,8 @@ from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
 from .ngrammys import HISTORY_HELP, mixed_rows_labelled
 from .options import option
-from .past_requests import DraftsFromPastRequests
+from .past_requests import DEFAULT_HISTORY_TOKENS, DraftsFromPastRequests
 
-# 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here
-DEFAULT_HISTORY_TOKENS = 262_144
 DEFAULT_WIDTH = 8  # num_speculative_tokens: context drafts; Chimera drafts up to its heads
 
 

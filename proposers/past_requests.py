@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 SEPARATOR = -1  # between requests: never matches a token id
+# 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here; the default
+# of ``history_tokens`` in ``ngrammys-history`` and ``ngrammys-chimera``
+DEFAULT_HISTORY_TOKENS = 262_144
 
 
 class PastRequests:

@@ -18,6 +18,7 @@ from vllm_selfspec.proposers.layer_skip import SelfSpecOptions
 from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
 from vllm_selfspec.proposers.ngrammys_chimera import DEFAULT_WIDTH as NGRAMMYS_CHIMERA_WIDTH
 from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions
+from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryOptions
 from vllm_selfspec.proposers.options import option_fields
 from vllm_selfspec.proposers.swift import SwiftOptions
 
@@ -197,6 +198,18 @@ NGRAMMYS = Method(
     check=_check_query_lengths,
 )
 
+NGRAMMYS_HISTORY = Method(
+    name="ngrammys-history",
+    aliases=("ngrammys_history",),
+    proposer="vllm_selfspec.proposers.ngrammys_history:NGrammysHistoryProposer",
+    prepare="vllm_selfspec.plugin:resolve_bigram_table",
+    default_k=DEFAULT_WIDTH,
+    summary="N-Grammys' context n-grams, else earlier requests' prompts and outputs "
+            "(SuffixDecoding's cross-request idea), else the model-derived bigram rows",
+    options=NGrammysHistoryOptions,
+    check=_check_query_lengths,
+)
+
 CHIMERA = Method(
     name="chimera",
     aliases=(),
@@ -220,8 +233,8 @@ NGRAMMYS_CHIMERA = Method(
     check=_check_query_lengths,
 )
 
-METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS, CHIMERA,
-                                                  NGRAMMYS_CHIMERA)}
+METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS,
+                                                  NGRAMMYS_HISTORY, CHIMERA, NGRAMMYS_CHIMERA)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

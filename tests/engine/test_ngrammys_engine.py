@@ -104,10 +104,11 @@ def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, p
 
 
 def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, plain):
-    """``history_tokens``: the second pass over the same prompts drafts the first pass's
-    answers (from the finished requests' buffer); output stays plain decoding's."""
+    """``ngrammys-history`` (``history_tokens`` on by default): the second pass over the same
+    prompts drafts the first pass's answers (from the finished requests' buffer); output
+    stays plain decoding's."""
     llm = make_llm(model_path, speculative_config={
-        "method": "ngrammys", "cost_gate": False, "bigram_table": "none", "history_tokens": 16384})
+        "method": "ngrammys-history", "cost_gate": False, "bigram_table": "none"})
     try:
         first = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         second = llm.generate(eval_prompts, GREEDY, use_tqdm=False)

@@ -54,3 +54,17 @@ def test_ngrammys_drafts_from_a_finished_request_only_with_history_on():
     assert _propose(off, [1, 2, 6, 7], "b") == []
     # the request's own context still comes first
     assert _propose(on, [6, 7, 1, 2, 6, 7], "c") == [1, 2, 6, 7]
+
+
+def test_ngrammys_history_is_ngrammys_with_history_on_by_default():
+    from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryProposer
+    from vllm_selfspec.proposers.past_requests import DEFAULT_HISTORY_TOKENS
+
+    p = NGrammysHistoryProposer(4, {"bigram_table": "none"})
+    assert p.past is not None and p.past.max_tokens == DEFAULT_HISTORY_TOKENS
+    _propose(p, [5, 6, 7, 8, 9, 10], "a")
+    p.finish({"a"})
+    assert _propose(p, [1, 2, 6, 7], "b") == [8, 9, 10]
+    assert p.describe().startswith("N-Grammys + earlier requests (262144 tokens kept)")
+    off = NGrammysHistoryProposer(4, {"bigram_table": "none", "history_tokens": 0})
+    assert off.past is None

@@ -289,7 +289,8 @@ GUARDS = {  # feature -> (guard arguments, message fragment, methods it refuses)
     "tp": (dict(parallel={"tensor_parallel_size": 2}), "tensor parallelism", "states"),
 }
 SCOPE = {  # which methods each scope covers, by the proposer's flags
-    "all": {"selfspec", "swift", "layerskip", "ngrammys", "chimera", "ngrammys-chimera"},
+    "all": {"selfspec", "swift", "layerskip", "ngrammys", "ngrammys-history", "chimera",
+            "ngrammys-chimera"},
     "reads": {"selfspec", "swift", "layerskip", "chimera", "ngrammys-chimera"},
     "layers": {"selfspec", "swift", "layerskip"},
     "states": {"chimera", "ngrammys-chimera"},
