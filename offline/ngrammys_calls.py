@@ -21,6 +21,9 @@ equals the continuation, so every strategy can be replayed without the engine:
   (``history_tokens``: the prompts and answers of the prompts replayed before it, in
   order, as an engine serving them one after another would hold them), the bigram
   table — alone and combined, with the engine's proposer.
+* row choice (``--row-choice``): which of ``ngrammys-history``'s rows (context, earlier
+  requests, bigram) a step drafts, by the engines' rules and by oracles that pick the row
+  the target accepts longest — what any choice among today's rows could add.
 
 Writes OUT-DIR/ngrammys-calls.json, figure2.png and a table on stdout.
 """
@@ -37,7 +40,7 @@ import numpy as np
 
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.ngram_tables import BigramTable
-from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows
+from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows, mixed_rows_labelled
 
 Rows = Callable[[np.ndarray], list[list[int]]]
 
@@ -395,6 +398,59 @@ def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, wi
     return out
 
 
+ROW_CHOICES: dict[str, Callable[[dict[str, list[int]], list[int]], list[int]]] = {
+    # the engine's rules: the first source that has a row, in this order
+    "ngrammys (context, else bigram)":
+        lambda rows, fut: rows["context"] or rows["bigram"],
+    "ngrammys-history (context, else history, else bigram)":
+        lambda rows, fut: rows["context"] or rows["history"] or rows["bigram"],
+    "history before context":
+        lambda rows, fut: rows["history"] or rows["context"] or rows["bigram"],
+    # bounds: the row that matches the continuation longest (no rule can beat them)
+    "oracle: the better of context and history, else bigram":
+        lambda rows, fut: max((r for r in (rows["context"], rows["history"]) if r),
+                              key=lambda r: match_len(r, fut), default=rows["bigram"]),
+    "oracle: the best of all three":
+        lambda rows, fut: max((r for r in rows.values() if r), key=lambda r: match_len(r, fut),
+                              default=[]),
+}
+
+
+def three_rows(prop: NGrammysProposer, table: BigramTable, h: np.ndarray, rid: str,
+               width: int) -> dict[str, list[int]]:
+    """The rows ``ngrammys-history`` chooses from at this step, each [] where its source has
+    none: the first context row, earlier requests' row (``h`` remembered for ``rid``), the
+    bigram row of the newest token."""
+    ctx, _ = mixed_rows_labelled(h, None, 1, width, prop.max_query, prop.min_query)
+    big = next(iter(table.rows(int(h[-1]), 1, width)), [])
+    return {"context": ctx[0] if ctx else [], "history": prop.past_draft(rid, h, width, True),
+            "bigram": [int(x) for x in big]}
+
+
+def row_choice(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
+               history_tokens: int, vpt: float) -> list[dict[str, Any]]:
+    """Issue 16: how much can choosing among ``ngrammys-history``'s three rows (the request's
+    own context, earlier requests, the bigram table) add? Each step builds all three as the
+    engine's proposer does (one buffer of earlier requests over ``data`` in order), drafts
+    the one a rule picks and yields 1 + its match; the oracles pick the row that matches
+    the target's continuation longest."""
+    out = []
+    for name, rule in ROW_CHOICES.items():
+        prop = NGrammysProposer(width, {"table": table, "history_tokens": history_tokens})
+        runs = []
+        for i, (prompt, cont) in enumerate(data):
+            def rows_fn(h: np.ndarray, rid: str = f"r{i}", cont: list[int] = cont,
+                        start: int = len(prompt), prop: NGrammysProposer = prop,
+                        rule: Callable[..., list[int]] = rule) -> list[list[int]]:
+                future = cont[len(h) - start:]  # from the token this call decides
+                return [list(rule(three_rows(prop, table, h, rid, width), future))]
+
+            runs.append(replay(prompt, cont, rows_fn))
+            prop.finish({f"r{i}"})
+        out.append({"rule": name, "chain": summarize(runs, vpt)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -424,6 +480,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "evidence class fitted on the dev split, replayed on the test split, "
                         "with and without splitting each class by whether its first token is "
                         "the bigram table's top-1")
+    p.add_argument("--row-choice", action="store_true",
+                   help="only the row-choice study (writes OUT-DIR/row-choice.json): tokens per "
+                        "call when each step drafts the context, earlier-requests or bigram row "
+                        "by a rule, against oracles that pick the best of them")
     p.add_argument("--out-dir", default="results/ngrammys")
     args = p.parse_args(argv)
     from tqdm import tqdm
@@ -444,7 +504,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for bw in sorted({min(b, w) for b in bws} | {w})]
     report: dict[str, Any] = {"config": vars(args), "verify_per_token": vpt, "figure2": {},
                               "realizations": {}, "sources": {}, "draft_length": {},
-                              "agreement": {}}
+                              "agreement": {}, "row_choice": {}}
     for ds in args.datasets.split(","):
         prompts, conts = continuations(path, ds, args.split, args.num_prompts, args.max_tokens,
                                        out / f"continuations-{ds}-{args.split}.json")
@@ -458,6 +518,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.draft_length:
             report["draft_length"][ds] = draft_length(data, table, 8, args.history_tokens, vpt)
             continue
+        if args.row_choice:
+            report["row_choice"][ds] = row_choice(data, table, 8, args.history_tokens, vpt)
+            continue
         report["figure2"][ds] = figure2(data, table, ks, vpt)
         report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt)
         if args.sources_only:
@@ -468,6 +531,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     suffix = "" if args.split == "test" else f"-{args.split}"
     if args.agreement:
         (out / "agreement.json").write_text(json.dumps(report, indent=1) + "\n")
+        print_tables(report)
+        return report
+    if args.row_choice:
+        (out / f"row-choice{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
         print_tables(report)
         return report
     if args.draft_length:
@@ -498,6 +565,13 @@ def print_tables(report: dict[str, Any]) -> None:
         print("|---|---:|---:|")
         for r in rows:
             print(f"| {r['sources']} | {r['chain']['tokens_per_call']:.2f} | "
+                  f"{r['chain']['est_speedup']:.2f} |")
+    for ds, rows in report.get("row_choice", {}).items():
+        print(f"\n### {ds}: which row to draft (one chain of 8 per step)")
+        print("| rule | tok/call | est. speedup |")
+        print("|---|---:|---:|")
+        for r in rows:
+            print(f"| {r['rule']} | {r['chain']['tokens_per_call']:.2f} | "
                   f"{r['chain']['est_speedup']:.2f} |")
     for ds, rows in report.get("draft_length", {}).items():
         print(f"\n### {ds}: draft length (est. speedup charges {report['verify_per_token']:.3f} "

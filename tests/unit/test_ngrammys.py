@@ -230,3 +230,21 @@ def test_replay_splits_classes_by_the_bigram_vote():
     steps = [("good", 4, 4)] * 10 + [("bad", 4, 0)] * 10
     lengths = lengths_by_source(steps, 4, 0.031)
     assert lengths["good"]["best_length"] == 4 and lengths["bad"]["best_length"] == 0
+
+
+def test_row_choice_oracles_bound_the_rules():
+    """tools/ngrammys_calls.py --row-choice: an oracle that drafts whichever row the target
+    accepts longest is never beaten by a rule over the same rows, and earlier requests help
+    a request that repeats an earlier answer."""
+    from vllm_selfspec.offline.ngrammys_calls import row_choice
+
+    answer = [7, 3, 3, 8, 0, 6, 2, 2, 9, 4, 1, 5]
+    data = [([1, 2], answer), ([5, 1, 2], answer)]
+    rows = {r["rule"]: r["chain"]["tokens_per_call"] for r in row_choice(data, toy_table(), 4,
+                                                                            64, 0.0)}
+    best = rows["oracle: the best of all three"]
+    assert all(best >= v for v in rows.values())
+    assert rows["oracle: the better of context and history, else bigram"] >= rows[
+        "ngrammys-history (context, else history, else bigram)"]
+    assert rows["ngrammys-history (context, else history, else bigram)"] > rows[
+        "ngrammys (context, else bigram)"]
