@@ -17,9 +17,9 @@ as in the paper. Realizations here (issue "ngrammys", README):
     target emitted next are a prefix of a kept row, its remainder is proposed
     first (it continues text the target has just confirmed).
 
-Not in the paper, off by default (``history_tokens``): where the request's own context
-has no match, earlier requests' prompts and outputs (``proposers.past_requests``) come
-before the bigram rows.
+Not in the paper, off by default here (``history_tokens``; on in method
+``ngrammys-history``): where the request's own context has no match, earlier requests'
+prompts and outputs (``proposers.past_requests``) come before the bigram rows.
 
 Drafts are deterministic (one-hot q); vLLM's rejection sampler then accepts a
 draft token x with probability p(x), which keeps sampling lossless.
