@@ -1,6 +1,8 @@
 """The cost gate's decisions over a run (issue 15): for each method of a ``tools/bench.py``
 report whose drafter has a cost gate (``proposers/cost_gate.py``), the most drafts it
-allowed per step and the gain over plain decoding it predicted, one panel per method.
+allowed per step and the gain over plain decoding it predicted, one panel per method. The
+gain is the best evidence class's, with acceptance read one standard deviation optimistic
+(``CostGate.plan``: what the gate decides on), so it bounds the measured speedup from above.
 
     python tools/gate_plot.py results/all/every-method-humaneval.json [--out PNG]
 
@@ -52,7 +54,7 @@ def draw(report: dict[str, Any], path: str | Path) -> bool:
         twin = ax.twinx()
         twin.plot(steps, gains, color="C1", lw=0.8)
         twin.axhline(1.0, color="grey", ls=":", lw=0.8)
-        twin.set_ylabel("predicted gain", color="C1")
+        twin.set_ylabel("gain bound", color="C1")
         probes = gate.get("plain_probes")
         extra = f", {probes} plain probes" if probes else ""
         ax.set_title(f"{method}: {row.get('speedup', 0):.2f}x measured, "
@@ -61,7 +63,8 @@ def draw(report: dict[str, Any], path: str | Path) -> bool:
     axes[-1, 0].set_xlabel("engine step")
     c = report.get("config", {})
     fig.suptitle(f"cost gate decisions: {c.get('dataset', '')}, {c.get('num_prompts', '')} "
-                 f"prompts, concurrency {c.get('concurrency', '')}", fontsize=10)
+                 f"prompts, concurrency {c.get('concurrency', '')}\ngain bound: the best class's "
+                 "predicted gain, acceptance read optimistic", fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
