@@ -559,20 +559,15 @@ def print_tables(report: dict[str, Any]) -> None:
         print("|---|" + "---:|" * len(ks))
         for name, pts in curves.items():
             print(f"| {name} | " + " | ".join(f"{p['tokens_per_call']:.2f}" for p in pts) + " |")
-    for ds, rows in report.get("sources", {}).items():
-        print(f"\n### {ds}: draft sources (one chain of 8 per step)")
-        print("| sources | tok/call | est. speedup |")
-        print("|---|---:|---:|")
-        for r in rows:
-            print(f"| {r['sources']} | {r['chain']['tokens_per_call']:.2f} | "
-                  f"{r['chain']['est_speedup']:.2f} |")
-    for ds, rows in report.get("row_choice", {}).items():
-        print(f"\n### {ds}: which row to draft (one chain of 8 per step)")
-        print("| rule | tok/call | est. speedup |")
-        print("|---|---:|---:|")
-        for r in rows:
-            print(f"| {r['rule']} | {r['chain']['tokens_per_call']:.2f} | "
-                  f"{r['chain']['est_speedup']:.2f} |")
+    for section, title, col in (("sources", "draft sources", "sources"),
+                                ("row_choice", "which row to draft", "rule")):
+        for ds, rows in report.get(section, {}).items():
+            print(f"\n### {ds}: {title} (one chain of 8 per step)")
+            print(f"| {col} | tok/call | est. speedup |")
+            print("|---|---:|---:|")
+            for r in rows:
+                print(f"| {r[col]} | {r['chain']['tokens_per_call']:.2f} | "
+                      f"{r['chain']['est_speedup']:.2f} |")
     for ds, rows in report.get("draft_length", {}).items():
         print(f"\n### {ds}: draft length (est. speedup charges {report['verify_per_token']:.3f} "
               "of a decode step per drafted token)")

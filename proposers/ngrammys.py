@@ -272,7 +272,9 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
 
     def describe(self) -> str:
         src = self.table.source if self.table is not None else "none"
-        return (f"N-Grammys: k={self.num_rows} rows of w={self.width} (bigram rows "
+        name = ("N-Grammys" if self.past is None else
+                f"N-Grammys + earlier requests ({self.past.max_tokens} tokens kept)")
+        return (f"{name}: k={self.num_rows} rows of w={self.width} (bigram rows "
                 f"{self.bigram_width}), query length "
                 f"{self.max_query}..{self.min_query}, selection {self.selection}, keep_rows "
                 f"{self.keep_rows}, bigram table {src}")

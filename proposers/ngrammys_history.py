@@ -38,7 +38,3 @@ class NGrammysHistoryProposer(NGrammysProposer):
     """Method ``ngrammys-history``: context rows, else earlier requests, else bigram rows."""
 
     options_class = NGrammysHistoryOptions
-
-    def describe(self) -> str:
-        return (super().describe().replace("N-Grammys:", "N-Grammys + earlier requests "
-                                           f"({self.cfg.history_tokens} tokens kept):", 1))

@@ -8,6 +8,7 @@ keys, which are validated here and travel to every process in
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -198,16 +199,15 @@ NGRAMMYS = Method(
     check=_check_query_lengths,
 )
 
-NGRAMMYS_HISTORY = Method(
+# ngrammys with earlier requests on: the same bigram table, width and checks
+NGRAMMYS_HISTORY = dataclasses.replace(
+    NGRAMMYS,
     name="ngrammys-history",
     aliases=("ngrammys_history",),
     proposer="vllm_selfspec.proposers.ngrammys_history:NGrammysHistoryProposer",
-    prepare="vllm_selfspec.plugin:resolve_bigram_table",
-    default_k=DEFAULT_WIDTH,
     summary="N-Grammys' context n-grams, else earlier requests' prompts and outputs "
             "(SuffixDecoding's cross-request idea), else the model-derived bigram rows",
     options=NGrammysHistoryOptions,
-    check=_check_query_lengths,
 )
 
 CHIMERA = Method(
