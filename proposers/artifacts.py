@@ -129,6 +129,7 @@ CACHED_ARTIFACTS: dict[str, tuple[str, str]] = {
     "masks": ("{architecture}-{num_layers}L-{fingerprint}", ".json"),  # searched skip masks
     "swift": ("{architecture}-{num_layers}L-{fingerprint}", ".json"),  # SWIFT's saved layer sets
     "bigram": ("{architecture}-{vocab_size}-{fingerprint}", ".safetensors"),  # N-Grammys tables
+    "datastore": ("{architecture}-{vocab_size}-{fingerprint}", ".safetensors"),  # REST corpora
     "chimera": ("{architecture}-{num_layers}L-{fingerprint}", ".safetensors"),  # Chimera models
 }
 

