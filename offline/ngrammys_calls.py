@@ -39,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
+from vllm_selfspec.proposers.datastore import Datastore
 from vllm_selfspec.proposers.ngram_tables import BigramTable
 from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows, mixed_rows_labelled
 
@@ -229,20 +230,35 @@ class RecyclingProposer(NGrammysProposer):
 
 
 def sources(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
-            history_tokens: int, vpt: float) -> list[dict[str, Any]]:
+            history_tokens: int, vpt: float, store: Datastore | None = None,
+            store_sizes: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     """Tokens per call of each draft source alone and combined (one chain per step, the
-    engine's proposer; one proposer over all prompts so earlier requests accumulate)."""
-    combos = {"context": (False, False, False), "context + history": (False, True, False),
-              "context + bigram (ngrammys)": (True, False, False),
-              "context + history + bigram": (True, True, False),
-              "context + recycled": (True, False, True),
-              "context + history + recycled": (True, True, True)}
+    engine's proposer; one proposer over all prompts so earlier requests accumulate).
+    With ``store``, the REST datastore too: whole, and cut to each of ``store_sizes``
+    tokens (its first documents)."""
+    combos: dict[str, tuple[bool, bool, bool, Datastore | None]] = {
+        "context": (False, False, False, None),
+        "context + history": (False, True, False, None),
+        "context + bigram (ngrammys)": (True, False, False, None),
+        "context + history + bigram": (True, True, False, None),
+        "context + recycled": (True, False, True, None),
+        "context + history + recycled": (True, True, True, None)}
+    if store is not None:
+        combos["context + datastore + bigram"] = (True, False, False, store)
+        for n in sorted(set(store_sizes)):
+            if 0 < n < store.corpus_tokens:
+                cut = Datastore(store.tokens[store.max_query: store.max_query + n])
+                combos[f"context + history + datastore ({n} tokens) + bigram"] = (
+                    True, True, False, cut)
+        combos[f"context + history + datastore ({store.corpus_tokens} tokens) + bigram "
+               "(ngrammys-history)"] = (True, True, False, store)
     out = []
-    for name, (bigram, history, recycled) in combos.items():
+    for name, (bigram, history, recycled, ds) in combos.items():
         make = RecyclingProposer if recycled else NGrammysProposer
         prop = make(width, {"table": table if bigram else None,
                             "bigram_table": None if bigram else "none",
-                            "history_tokens": history_tokens if history else 0})
+                            "history_tokens": history_tokens if history else 0,
+                            "datastore_obj": ds})
         out.append({"sources": name, "chain": summarize(
             [replay_proposer(p, c, prop) for p, c in data], vpt)})
     return out
@@ -451,6 +467,20 @@ def row_choice(data: list[tuple[list[int], list[int]]], table: BigramTable, widt
     return out
 
 
+def load_datastore(spec: str, model_path: str) -> Datastore | None:
+    """``--datastore``: a file, this model's cached one ("cached", None if not built) or
+    "none"."""
+    if spec == "none":
+        return None
+    if spec != "cached":
+        return Datastore.load(spec)
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.artifacts import artifact_path
+
+    cached = artifact_path("datastore", stamp_from_path(model_path))
+    return Datastore.load(cached) if cached is not None and cached.exists() else None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -469,6 +499,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="draft-cost JSON with cost_model.verify_per_token")
     p.add_argument("--history-tokens", type=int, default=262_144,
                    help="bound of the earlier-requests buffer in the sources table")
+    p.add_argument("--datastore", default="cached",
+                   help="REST datastore for the sources table: a file from "
+                        "tools/build_datastore.py, 'cached' (this model's, if built) or 'none'")
+    p.add_argument("--datastore-sizes", default="1000000,2000000",
+                   help="also replay the datastore cut to these many tokens")
     p.add_argument("--sources-only", action="store_true",
                    help="only the draft-sources table (writes OUT-DIR/sources.json)")
     p.add_argument("--draft-length", action="store_true",
@@ -495,6 +530,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = BigramTable.load(args.table)
     vpt = float(json.loads(Path(args.cost).read_text())["cost_model"]["verify_per_token"]) \
         if Path(args.cost).exists() else 0.0
+    store = load_datastore(args.datastore, path) if args.sources_only or not (
+        args.agreement or args.draft_length or args.row_choice) else None
     ks = [int(x) for x in args.ks.split(",")]
     bws = [int(x) for x in args.bigram_widths.split(",")]
     grid = [{"k": k, "w": w, "bw": bw, "q": q, "selection": s, "keep_rows": kr}
@@ -522,7 +559,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["row_choice"][ds] = row_choice(data, table, 8, args.history_tokens, vpt)
             continue
         report["figure2"][ds] = figure2(data, table, ks, vpt)
-        report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt)
+        report["sources"][ds] = sources(data, table, 8, args.history_tokens, vpt, store,
+                                        tuple(int(x) for x in args.datastore_sizes.split(",") if x))
         if args.sources_only:
             continue
         report["realizations"][ds] = realizations(
