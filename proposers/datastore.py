@@ -30,8 +30,8 @@ from .past_requests import SEPARATOR
 
 FORMAT = "vllm_selfspec.datastore.v1"
 PAD = -2  # before the corpus: never matches a token id
-BUILD_REMEDY = ("Build one for this model with tools/build_datastore.py --model MODEL, or pass "
-                "datastore \"none\".")
+BUILD_REMEDY = ("Pass datastore \"sharegpt\" (built for this model at start-up), a file from "
+                "tools/build_datastore.py --model MODEL, or \"none\".")
 # At most this many corpus tokens: every ShareGPT first answer (3.04M tokens in SmolLM2's
 # tokens; 12 MB of tokens, 36 MB of index). Replayed next to earlier requests: +11% tokens
 # per target call on MT-bench, +6.5% on HumanEval (2M tokens: +10%, +5%; docs/results.md,

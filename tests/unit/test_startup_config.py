@@ -133,6 +133,24 @@ def test_bigram_table_for_another_model(model_path, tmp_path):
     assert "tools/build_bigram.py" in msg
 
 
+def test_datastore_missing_or_for_another_model(model_path, tmp_path):
+    """ngrammys-history's ``datastore``: a path that does not exist (or a misspelt
+    "sharegpt") and a file stamped for other weights are refused in one line."""
+    import numpy as np
+
+    from vllm_selfspec.proposers.datastore import Datastore
+
+    msg = _one_line_error(model_path, {"method": "ngrammys-history", "bigram_table": "none",
+                                       "datastore": "sharegtp"},
+                          "datastore sharegtp does not exist")
+    assert "tools/build_datastore.py" in msg and '"sharegpt"' in msg and '"none"' in msg
+    other = ModelStamp("LlamaForCausalLM", 30, 576, 49152, "0123456789abcdef", "other-model")
+    f = tmp_path / "d.safetensors"
+    Datastore(np.arange(10, dtype=np.int32), other).save(f)
+    _one_line_error(model_path, {"method": "ngrammys", "bigram_table": "none",
+                                 "datastore": str(f)}, "datastore .* was made for another model")
+
+
 @pytest.mark.parametrize("spec, match", [
     ({"selection": "best"}, "key 'selection' of method 'ngrammys' must be one of 'first', "
                             "'likelihood'"),
