@@ -20,7 +20,7 @@ import torch
 
 from vllm_selfspec.log import logger
 from vllm_selfspec.model_info import stamp_from_model
-from vllm_selfspec.proposers.artifacts import ModelStamp, artifact_path, cache_dir
+from vllm_selfspec.proposers.artifacts import ModelStamp, build_path
 from vllm_selfspec.proposers.ngram_tables import BigramTable, repeated_extension
 
 EXTENSIONS = ("repeated", "greedy")
@@ -197,13 +197,11 @@ def table_for_model(model_path: str, stamp: ModelStamp) -> Path:
     """The cached table of this model (``artifact_path("bigram", stamp)``: built on first
     use, or put there by ``tools/build_bigram.py --install``), built now (default
     TableSpec) if missing."""
-    path = artifact_path("bigram", stamp)
-    if path is not None and path.exists():
+    path = build_path("bigram", stamp, model_path)
+    if path.exists():
         logger.info("vllm_selfspec: no bigram_table given; using the table cached for this "
                     "model: %s", path)
         return path
-    if path is None:
-        path = cache_dir() / "bigram" / (Path(model_path.rstrip("/")).name + ".safetensors")
     logger.warning("vllm_selfspec: no bigram_table given and none cached for this model; "
                    "building one now from the model's weights (one single-token forward per "
                    "vocabulary entry: %d tokens) before the engine starts. It is cached at %s "

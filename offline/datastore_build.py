@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from vllm_selfspec.log import logger
-from vllm_selfspec.proposers.artifacts import ModelStamp, artifact_path, cache_dir
+from vllm_selfspec.proposers.artifacts import ModelStamp, build_path
 from vllm_selfspec.proposers.datastore import DEFAULT_DATASTORE_TOKENS, Datastore
 from vllm_selfspec.proposers.past_requests import SEPARATOR
 
@@ -62,12 +62,10 @@ def build_datastore(model_path: str, stamp: ModelStamp | None,
 def datastore_for_model(model_path: str, stamp: ModelStamp) -> Path:
     """The cached datastore of this model (``artifact_path("datastore", stamp)``), built
     now from ShareGPT if missing."""
-    path = artifact_path("datastore", stamp)
-    if path is not None and path.exists():
+    path = build_path("datastore", stamp, model_path)
+    if path.exists():
         logger.info("vllm_selfspec: using the datastore cached for this model: %s", path)
         return path
-    if path is None:
-        path = cache_dir() / "datastore" / (Path(model_path.rstrip("/")).name + ".safetensors")
     logger.warning("vllm_selfspec: no datastore cached for this model; building one now from "
                    "ShareGPT answers (up to %d tokens, about 10 s). It is cached at %s.",
                    DEFAULT_DATASTORE_TOKENS, path)

@@ -530,8 +530,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table = BigramTable.load(args.table)
     vpt = float(json.loads(Path(args.cost).read_text())["cost_model"]["verify_per_token"]) \
         if Path(args.cost).exists() else 0.0
-    store = load_datastore(args.datastore, path) if args.sources_only or not (
-        args.agreement or args.draft_length or args.row_choice) else None
+    only = args.agreement or args.draft_length or args.row_choice  # no sources table
+    store = None if only else load_datastore(args.datastore, path)
     ks = [int(x) for x in args.ks.split(",")]
     bws = [int(x) for x in args.bigram_widths.split(",")]
     grid = [{"k": k, "w": w, "bw": bw, "q": q, "selection": s, "keep_rows": kr}

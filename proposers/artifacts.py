@@ -152,6 +152,15 @@ def artifact_path(kind: str, stamp: ModelStamp, suffix: str | None = None) -> Pa
     return cache_dir() / kind / f"{name}{default_suffix if suffix is None else suffix}"
 
 
+def build_path(kind: str, stamp: ModelStamp, model_path: str) -> Path:
+    """Where a ``kind`` artifact built for a model at start-up is cached: its
+    ``artifact_path``, or, without a weights fingerprint, one named after the model's folder."""
+    path = artifact_path(kind, stamp)
+    if path is not None:
+        return path
+    return cache_dir() / kind / (Path(model_path.rstrip("/")).name + CACHED_ARTIFACTS[kind][1])
+
+
 # ---- writing ------------------------------------------------------------------------------
 _tmp_ids = itertools.count()
 
