@@ -81,12 +81,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class HFTarget:
     def __init__(self, model_path: str, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+                 device: str | torch.device = "cpu", random_weights: bool = False) -> None:
+        """``random_weights``: build the architecture from ``config.json`` alone, weights
+        drawn at random and no tokenizer (for timing only: tools/draft_cost_hf.py)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        if random_weights:
+            torch.manual_seed(0)
+            self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path),
+                                                          dtype=dtype)
+            self.tokenizer = None
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model.to(device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         cfg = self.model.config
         arch = (cfg.architectures or [type(self.model).__name__])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -184,6 +192,16 @@ class HFTarget:
         if positions is None:
             positions = torch.arange(prep.prompt_len - 1, prep.tokens.numel() - 1,
                                      device=self.device)
+        logits = self.model.lm_head(self.draft_hidden(prep, mask, positions)).float()
+        probs = torch.softmax(logits, dim=-1)
+        conf, pred = probs.max(dim=-1)
+        target = prep.tokens[positions + 1]
+        return (pred == target).cpu(), conf.cpu()
+
+    def draft_hidden(self, prep: Prepared, mask: SkipMask, positions: torch.Tensor) -> torch.Tensor:
+        """The draft pass's final-normed hidden states at ``positions``: the walk through
+        the sub-layers ``mask`` keeps, over the full model's cached K/V (nothing written;
+        Draft & Verify §3.1, the engine's ``vllm_selfspec.target`` walk)."""
         h = self.inner.embed_tokens(prep.tokens[positions])
         cos, sin = prep.cos[:, positions], prep.sin[:, positions]
         for i, layer in enumerate(self.layers):
@@ -192,11 +210,7 @@ class HFTarget:
                 h = h + self._attend(layer, q, prep.keys[i], prep.values[i], positions)
             if i not in mask.mlp:
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.model.lm_head(self.inner.norm(h)).float()
-        probs = torch.softmax(logits, dim=-1)
-        conf, pred = probs.max(dim=-1)
-        target = prep.tokens[positions + 1]
-        return (pred == target).cpu(), conf.cpu()
+        return self.inner.norm(h)
 
     # ---- cost model --------------------------------------------------------------------
     def time_costs(self, prep: Prepared, repeats: int = 15, verify_n: int = 4) -> CostModel:
