@@ -20,6 +20,7 @@ writing into the target's own paged KV cache:
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,7 +220,13 @@ class TargetView:
                                for m in masks], device=dev).repeat_interleave(tw, dim=0)
         keep_m = torch.tensor([[0.0 if i in m.mlp else 1.0 for i in range(self.num_layers)]
                                for m in masks], device=dev).repeat_interleave(tw, dim=0)
-        with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}):
+        # vLLM's fused CPU kernels here too, as in the draft walk: the native forms of its
+        # custom ops run torch.compile'd when called eagerly, and compiling them for the
+        # scoring pass's shapes took 0.4-1.8 s at the first optimization step (SWIFT's
+        # budget, issue 15: a stream's whole share)
+        kernels = self.adapter.kernels if self.draft_pass.draft_kernels else None
+        with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}), \
+                (kernels.active() if kernels is not None and len(kernels) else nullcontext()):
             hidden = self.adapter.run_per_token(self.adapter.embed(inputs.repeat(nc)),
                                                 positions.repeat(nc), keep_a, keep_m)
         pred = self.adapter.logits(hidden).argmax(dim=-1).view(nc, tw)
