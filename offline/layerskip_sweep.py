@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-speculations", default="1,2,3,4,6,8,12", help="comma list of d")
     p.add_argument("--cost-model", default=None,
                    help="JSON with a cost_model block (tools/draft_cost.py); default: measured now")
+    p.add_argument("--step-table", default=None, metavar="BENCH.json[:METHOD]",
+                   help="price verification with the step table a tools/bench.py run measured "
+                        "(default: linear in the drafts)")
     p.add_argument("--continuations", default=None,
                    help="cache of the full model's continuations (default: next to --json)")
     p.add_argument("--device", default="cpu")
@@ -107,10 +110,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.offline.dev_set import load_dev_set
-    from vllm_selfspec.offline.objectives import ProxyObjective
+    from vllm_selfspec.offline.objectives import ProxyObjective, read_cost_model
     from vllm_selfspec.proposers.artifacts import append_jsonl, read_jsonl
     from vllm_selfspec.proposers.early_exit import fixed_speculations
-    from vllm_selfspec.proposers.expected_speedup import CostModel
 
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,13 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     ds = sorted({int(x) for x in args.num_speculations.split(",")})
     dev = load_dev_set(args.dataset, AutoTokenizer.from_pretrained(model_path), args.num_prompts)
-    cost = None
-    if args.cost_model:
-        cost = CostModel.from_json(json.loads(Path(args.cost_model).read_text())["cost_model"])
+    cost, table = read_cost_model(args.cost_model, args.step_table)
     cont = Path(args.continuations) if args.continuations else out.with_suffix(".continuations.json")
     objective = ProxyObjective(model_path, dev, args.max_tokens, max(ds),
                                fixed_speculations(), cost=cost,
-                               continuations_path=cont, device=args.device, progress=tqdm)
+                               continuations_path=cont, device=args.device, progress=tqdm,
+                               step_table=table)
     L = objective.num_layers
     es = ([int(x) for x in args.exit_layers.split(",")] if args.exit_layers
           else list(range(1, L + 1)))

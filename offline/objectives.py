@@ -25,13 +25,42 @@ from vllm_selfspec.proposers.expected_speedup import CostModel, replay
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 
+def read_cost_model(path: str | None, step_table: str | None = None) -> tuple[
+        CostModel | None, dict[str, float] | None]:
+    """The proxy's pricing from the tools' files: ``path``, a JSON with a ``cost_model``
+    block (tools/draft_cost.py); ``step_table``, ``BENCH.json[:METHOD]``: the cost gate's
+    step table a tools/bench.py run measured (that method's, else the one with the most
+    step sizes), for ``CostModel.with_step_table``. Either may be None."""
+    import json
+
+    cost = (CostModel.from_json(json.loads(Path(path).read_text())["cost_model"])
+            if path else None)
+    if not step_table:
+        return cost, None
+    file, _, method = step_table.partition(":")
+    tables = {r["method"]: r["drafter"]["cost_gate"]["step_table_s"]
+              for r in json.loads(Path(file).read_text()).get("results", [])
+              if ((r.get("drafter") or {}).get("cost_gate") or {}).get("step_table_s")}
+    if method and method not in tables:
+        raise SystemExit(f"--step-table {step_table}: no step table for '{method}' in {file} "
+                         f"(methods with one: {', '.join(tables) or 'none'})")
+    if not tables:
+        raise SystemExit(f"--step-table {file}: no method there has a step table (a bench "
+                         "JSON of a gated method, tools/bench.py --json)")
+    return cost, tables[method or max(tables, key=lambda m: len(tables[m]))]
+
+
 class ProxyObjective:
     name = "proxy"
 
     def __init__(self, model_path: str, dev: DevSet, max_tokens: int, k: int,
                  exit_cfg: DraftExitConfig, cost: CostModel | None = None,
                  continuations_path: Path | None = None, device: str = "cpu",
-                 progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x) -> None:
+                 progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x,
+                 step_table: dict[str, float] | None = None) -> None:
+        """``cost``: the draft pass's price (default: timed now with the proxy's passes);
+        ``step_table``: the engine's measured step shape for the verification
+        (``CostModel.with_step_table``; default: linear)."""
         from vllm_selfspec.offline.hf_target import HFTarget, cached_continuations
 
         self.target = HFTarget(model_path, device=device)
@@ -42,6 +71,8 @@ class ProxyObjective:
                                                  self.target.generate_greedy, progress)
         self.prepared = [self.target.prepare(p, c) for p, c in zip(dev.prompts, dev.continuations)]
         self.cost = cost or self.target.time_costs(self.prepared[0])
+        if step_table:
+            self.cost = self.cost.with_step_table(step_table)
 
     @property
     def num_layers(self) -> int:
@@ -57,10 +88,11 @@ class ProxyObjective:
             conf.append(c.tolist())
         return agree, conf
 
-    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
+    def evaluate(self, mask: SkipMask, cost: CostModel | None = None) -> dict[str, Any]:
+        """The expected speedup of ``mask``, priced by ``cost`` (default: this objective's)."""
         t0 = time.perf_counter()
         agree, conf = self.teacher_forced(mask)
-        r = replay(agree, conf, mask, self.num_layers, self.k, self.cost, self.exit_cfg)
+        r = replay(agree, conf, mask, self.num_layers, self.k, cost or self.cost, self.exit_cfg)
         matchness = agreement(agree)
         return {"value": r.speedup, "acceptance_rate": r.acceptance_rate,
                 "mean_acceptance_length": r.mean_acceptance_length, "matchness": matchness,

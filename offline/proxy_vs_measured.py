@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--num-masks", type=int, default=15)
     p.add_argument("--k", type=int, default=12)
     p.add_argument("--from-log", default=None, help="also take the best trials of this search log")
+    p.add_argument("--cost-model", default=None,
+                   help="JSON cost model for the proxy (default: measured now with the proxy passes)")
+    p.add_argument("--step-table", default=None, metavar="BENCH.json[:METHOD]",
+                   help="price verification with a bench run's step table; the linear proxy is "
+                        "reported beside it ('proxy_linear')")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", required=True)
@@ -86,18 +92,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.offline.dev_set import load_dev_set
-    from vllm_selfspec.offline.objectives import MeasuredObjective, ProxyObjective
+    from vllm_selfspec.offline.objectives import MeasuredObjective, ProxyObjective, read_cost_model
     from vllm_selfspec.proposers.draft_exit import DraftExitConfig
 
     path = resolve_model(args.model)
     dev = load_dev_set(args.dataset, AutoTokenizer.from_pretrained(path), args.num_prompts)
     exit_cfg = DraftExitConfig()
-    proxy = ProxyObjective(path, dev, args.max_tokens, args.k, exit_cfg)
+    cost_in, table = read_cost_model(args.cost_model, args.step_table)
+    proxy = ProxyObjective(path, dev, args.max_tokens, args.k, exit_cfg, cost_in, step_table=table)
+    linear = replace(proxy.cost, verify_steps=())
     masks = candidate_masks(proxy.num_layers, args.num_masks, args.seed, args.from_log)
     rows = []
     for name, m in tqdm(masks.items(), desc="proxy"):
         rows.append({"mask": name, "attention": sorted(m.attention), "mlp": sorted(m.mlp),
                      "proxy": proxy.evaluate(m)})
+        if table:
+            rows[-1]["proxy_linear"] = proxy.evaluate(m, linear)
     cost = proxy.cost.to_json()
     del proxy
     measured = MeasuredObjective(path, dev, args.max_tokens, args.k, exit_cfg,
@@ -114,12 +124,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rho_acc = spearman([r["proxy"]["acceptance_rate"] for r in rows],
                        [r["measured"]["acceptance_rate"] for r in rows])
     report = {"config": vars(args), "cost_model": cost, "spearman_speedup": rho,
-              "spearman_acceptance_rate": rho_acc, "rows": rows}
+              "spearman_acceptance_rate": rho_acc,
+              "mean_abs_error": sum(abs(x - y) for x, y in zip(xs, ys)) / len(rows),
+              "mean_error": sum(x - y for x, y in zip(xs, ys)) / len(rows), "rows": rows}
+    if table:
+        lin = [r["proxy_linear"]["value"] for r in rows]
+        report["linear"] = {"spearman_speedup": spearman(lin, ys),
+                            "mean_abs_error": sum(abs(x - y) for x, y in zip(lin, ys)) / len(rows),
+                            "mean_error": sum(x - y for x, y in zip(lin, ys)) / len(rows)}
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     draw(rows, rho, str(Path(args.json_out).with_suffix(".png")))
     print(f"Spearman rank correlation over {len(rows)} masks: speedup {rho:.3f}, "
-          f"acceptance rate {rho_acc:.3f}")
+          f"acceptance rate {rho_acc:.3f}; proxy − measured: mean {report['mean_error']:+.3f}, "
+          f"mean absolute {report['mean_abs_error']:.3f}")
+    if table:
+        lin_r = report["linear"]
+        print(f"  linear verification instead of the step table: Spearman {lin_r['spearman_speedup']:.3f}, "
+              f"proxy − measured: mean {lin_r['mean_error']:+.3f}, mean absolute {lin_r['mean_abs_error']:.3f}")
     for r in rows:
         print(f"{r['mask']:>18}  proxy {r['proxy']['value']:.3f}  measured {r['measured']['value']:.3f}"
               f"  acc {r['proxy']['acceptance_rate']:.2f}/{r['measured']['acceptance_rate']:.2f}")

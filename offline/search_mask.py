@@ -26,7 +26,6 @@ worker holds its own model); without it nothing imports Ray.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
@@ -51,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=12, help="num_speculative_tokens (selfspec default)")
     p.add_argument("--cost-model", default=None,
                    help="JSON cost model for the proxy (default: measured now with the proxy passes)")
+    p.add_argument("--step-table", default=None, metavar="BENCH.json[:METHOD]",
+                   help="price verification with the step table a tools/bench.py run measured "
+                        "(default: linear in the drafts)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="proxy objective device (cpu, cuda)")
     p.add_argument("--enforce-eager", action="store_true", help="measured objective: no compile")
@@ -68,21 +70,18 @@ def build_objective(args: argparse.Namespace, model_path: str, progress: Any = N
     from transformers import AutoTokenizer
 
     from vllm_selfspec.offline.dev_set import load_dev_set
-    from vllm_selfspec.offline.objectives import MeasuredObjective, ProxyObjective
+    from vllm_selfspec.offline.objectives import MeasuredObjective, ProxyObjective, read_cost_model
     from vllm_selfspec.proposers.draft_exit import DraftExitConfig
-    from vllm_selfspec.proposers.expected_speedup import CostModel
 
     tok = AutoTokenizer.from_pretrained(model_path)
     dev = load_dev_set(args["dataset"], tok, args["num_prompts"])
     exit_cfg = DraftExitConfig()
     if args["objective"] == "proxy":
-        cost = None
-        if args.get("cost_model"):
-            cost = CostModel.from_json(json.loads(Path(args["cost_model"]).read_text())["cost_model"])
+        cost, table = read_cost_model(args.get("cost_model"), args.get("step_table"))
         cont = Path(args["out"]).with_suffix(".continuations.json")
         return ProxyObjective(model_path, dev, args["max_tokens"], args["k"], exit_cfg, cost,
                               continuations_path=cont, device=args["device"],
-                              progress=progress or (lambda x: x))
+                              progress=progress or (lambda x: x), step_table=table)
     return MeasuredObjective(model_path, dev, args["max_tokens"], args["k"], exit_cfg,
                              dtype=args["dtype"], enforce_eager=args["enforce_eager"])
 

@@ -8,13 +8,14 @@ self-speculative decoding over the full model's continuation (draft until the
 confidence falls under γ or K tokens, accept the agreeing prefix, emit one more
 token, update γ by §3.4), and prices every step with a cost model measured on
 this machine (draft token = fixed part + kept attention and MLP sub-layers;
-verification of n drafts = 1 + n·v plain decode steps).
+verification of n drafts = 1 + n·v plain decode steps, or, with the engine's measured
+step table, what a step of n + 1 tokens cost there: ``CostModel.with_step_table``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Mapping, Sequence
 
 from .draft_exit import DraftExitConfig, DraftExitController
 from .skip_mask import SkipMask
@@ -27,22 +28,57 @@ class CostModel:
     draft_fixed: float  # embedding, final norm, LM head, per-step bookkeeping
     draft_attention: float  # per kept attention sub-layer
     draft_mlp: float  # per kept MLP sub-layer
-    verify_per_token: float  # verifying n drafts costs 1 + n * this
+    verify_per_token: float  # verifying n drafts costs 1 + n * this (without verify_steps)
+    # verify_steps[n]: a step verifying n drafts (n + 1 tokens), as the engine measured it;
+    # past its end, verify_per_token more per draft. Empty: the line above.
+    verify_steps: tuple[float, ...] = ()
 
     def draft_token(self, mask: SkipMask, num_layers: int) -> float:
         return (self.draft_fixed + self.draft_attention * (num_layers - len(mask.attention))
                 + self.draft_mlp * (num_layers - len(mask.mlp)))
 
     def verify(self, n: int) -> float:
-        return 1.0 + self.verify_per_token * n
+        s = self.verify_steps
+        if not s:
+            return 1.0 + self.verify_per_token * n
+        if n < len(s):
+            return s[n]
+        return s[-1] + self.verify_per_token * (n - len(s) + 1)
 
-    def to_json(self) -> dict[str, float]:
-        return asdict(self)
+    def with_step_table(self, table: Mapping[str, float]) -> CostModel:
+        """This model with the step shape an engine measured: ``table`` is the cost gate's
+        step table as ``tools/bench.py`` exports it (``drafter.cost_gate.step_table_s``:
+        seconds of a plain step, ``"1"``, and of a drafted step of N tokens, ``"N+"``).
+        On CPU it is far from a line: a drafted step pays a fixed overhead, and 2-6 tokens
+        cost about the same (docs/results.md, the step table). Sizes the table lacks are
+        interpolated between their measured neighbours."""
+        plain = float(table.get("1") or 0.0)
+        drafted = {int(k[:-1]) - 1: float(v) / plain for k, v in table.items()
+                   if k.endswith("+") and k[:-1].isdigit() and int(k[:-1]) >= 2 and v}
+        if plain <= 0 or not drafted:
+            raise ValueError("a step table needs a plain step (\"1\") and at least one "
+                             "drafted step (\"N+\")")
+        ns = sorted(drafted)
+        steps = [1.0]
+        for n in range(1, ns[-1] + 1):
+            lo = max((m for m in ns if m <= n), default=ns[0])
+            hi = min((m for m in ns if m >= n), default=ns[-1])
+            w = 0.0 if hi == lo else (n - lo) / (hi - lo)
+            steps.append((1 - w) * drafted[lo] + w * drafted[hi])
+        return replace(self, verify_steps=tuple(steps))
+
+    def to_json(self) -> dict[str, float | list[float]]:
+        d: dict[str, float | list[float]] = {k: v for k, v in asdict(self).items()
+                                             if k != "verify_steps"}
+        if self.verify_steps:
+            d["verify_steps"] = list(self.verify_steps)
+        return d
 
     @classmethod
-    def from_json(cls, obj: dict[str, float]) -> CostModel:
-        return cls(**{k: float(obj[k]) for k in ("draft_fixed", "draft_attention", "draft_mlp",
-                                                 "verify_per_token")})
+    def from_json(cls, obj: Mapping[str, float | list[float]]) -> CostModel:
+        return cls(**{k: float(obj[k]) for k in ("draft_fixed", "draft_attention",  # type: ignore[arg-type]
+                                                 "draft_mlp", "verify_per_token")},
+                   verify_steps=tuple(float(x) for x in obj.get("verify_steps") or ()))  # type: ignore[union-attr]
 
     @classmethod
     def uniform(cls, num_layers: int, fixed: float = 0.16, verify_per_token: float = 0.15

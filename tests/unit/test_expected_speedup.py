@@ -42,3 +42,58 @@ def test_costs():
 def test_uniform_cost_model_sums_to_one_decode_step():
     c = CostModel.uniform(30)
     assert c.draft_token(SkipMask(), 30) == pytest.approx(1.0)
+
+
+TABLE = {"1": 0.050, "2+": 0.060, "4+": 0.065, "9+": 0.090}  # a plain and drafted steps
+
+
+def test_step_table_prices_verification_by_the_measured_shape():
+    cost = CostModel(0.1, 0.01, 0.02, 0.03).with_step_table(TABLE)
+    s = cost.verify_steps
+    assert len(s) == 9 and s[0] == 1.0
+    assert s[1] == pytest.approx(1.2) and s[3] == pytest.approx(1.3) and s[8] == pytest.approx(1.8)
+    assert s[2] == pytest.approx(1.25)  # between 1 and 3 drafts, interpolated
+    assert s[5] == pytest.approx(1.3 + 2 / 5 * 0.5)
+    assert cost.verify(1) == pytest.approx(1.2) and cost.verify(10) == pytest.approx(1.8 + 2 * 0.03)
+    assert CostModel(0.1, 0.01, 0.02, 0.03).verify(1) == pytest.approx(1.03)  # the line
+    with pytest.raises(ValueError, match="plain step"):
+        cost.with_step_table({"1": 0.05})
+
+
+def test_step_table_round_trips_and_old_files_still_read():
+    cost = CostModel(0.1, 0.01, 0.02, 0.03).with_step_table(TABLE)
+    assert CostModel.from_json(cost.to_json()) == cost
+    old = {"draft_fixed": 0.1, "draft_attention": 0.01, "draft_mlp": 0.02, "verify_per_token": 0.03}
+    assert CostModel.from_json(old).verify_steps == () and "verify_steps" not in CostModel.from_json(old).to_json()
+
+
+def test_drafted_step_overhead_makes_unaccepted_drafts_cost_more():
+    agree, conf = [[False] * 20], [[0.9] * 20]
+    line = CostModel(0.0, 0.0, 0.0, 0.0)
+    shaped = line.with_step_table(TABLE)
+    r_line = replay(agree, conf, SkipMask(), 4, k=1, cost=line, exit_cfg=STATIC)
+    r_shaped = replay(agree, conf, SkipMask(), 4, k=1, cost=shaped, exit_cfg=STATIC)
+    assert r_line.speedup == pytest.approx(1.0) and r_shaped.speedup == pytest.approx(1 / 1.2)
+
+
+def test_read_cost_model_takes_a_bench_runs_step_table(tmp_path):
+    import json
+
+    from vllm_selfspec.offline.objectives import read_cost_model
+
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"results": [
+        {"method": "baseline"},
+        {"method": "selfspec", "drafter": {"cost_gate": {"step_table_s": {"1": 0.05, "2+": 0.06}}}},
+        {"method": "ngrammys", "drafter": {"cost_gate": {"step_table_s": TABLE}}}]}))
+    model = tmp_path / "cost.json"
+    model.write_text(json.dumps({"cost_model": CostModel(0.1, 0.01, 0.02, 0.03).to_json()}))
+    cost, table = read_cost_model(str(model), str(bench))
+    assert cost == CostModel(0.1, 0.01, 0.02, 0.03) and table == TABLE  # the most sizes
+    assert read_cost_model(None, f"{bench}:selfspec") == (None, {"1": 0.05, "2+": 0.06})
+    assert read_cost_model(None, None) == (None, None)
+    with pytest.raises(SystemExit, match="no step table for 'swift'.*selfspec, ngrammys"):
+        read_cost_model(None, f"{bench}:swift")
+    bench.write_text(json.dumps({"results": [{"method": "baseline"}]}))
+    with pytest.raises(SystemExit, match="no method there has a step table"):
+        read_cost_model(None, str(bench))
