@@ -54,8 +54,9 @@ class CostModel:
         interpolated between their measured neighbours."""
         plain = float(table.get("1") or 0.0)
         drafted = {int(k[:-1]) - 1: float(v) / plain for k, v in table.items()
-                   if k.endswith("+") and k[:-1].isdigit() and int(k[:-1]) >= 2 and v}
-        if plain <= 0 or not drafted:
+                   if k.endswith("+") and k[:-1].isdigit() and int(k[:-1]) >= 2 and v
+                   } if plain > 0 else {}
+        if not drafted:
             raise ValueError("a step table needs a plain step (\"1\") and at least one "
                              "drafted step (\"N+\")")
         ns = sorted(drafted)

@@ -56,8 +56,9 @@ def test_step_table_prices_verification_by_the_measured_shape():
     assert s[5] == pytest.approx(1.3 + 2 / 5 * 0.5)
     assert cost.verify(1) == pytest.approx(1.2) and cost.verify(10) == pytest.approx(1.8 + 2 * 0.03)
     assert CostModel(0.1, 0.01, 0.02, 0.03).verify(1) == pytest.approx(1.03)  # the line
-    with pytest.raises(ValueError, match="plain step"):
-        cost.with_step_table({"1": 0.05})
+    for bad in ({"1": 0.05}, {"2+": 0.06}, {"1": 0.0, "2+": 0.06}):
+        with pytest.raises(ValueError, match="plain step"):
+            cost.with_step_table(bad)
 
 
 def test_step_table_round_trips_and_old_files_still_read():
