@@ -14,6 +14,7 @@ over plain decoding and return ``{"value": speedup, ...details}`` from ``evaluat
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -31,8 +32,6 @@ def read_cost_model(path: str | None, step_table: str | None = None) -> tuple[
     block (tools/draft_cost.py); ``step_table``, ``BENCH.json[:METHOD]``: the cost gate's
     step table a tools/bench.py run measured (that method's, else the one with the most
     step sizes), for ``CostModel.with_step_table``. Either may be None."""
-    import json
-
     cost = (CostModel.from_json(json.loads(Path(path).read_text())["cost_model"])
             if path else None)
     if not step_table:
@@ -88,12 +87,20 @@ class ProxyObjective:
             conf.append(c.tolist())
         return agree, conf
 
-    def evaluate(self, mask: SkipMask, cost: CostModel | None = None) -> dict[str, Any]:
-        """The expected speedup of ``mask``, priced by ``cost`` (default: this objective's)."""
+    def evaluate(self, mask: SkipMask) -> dict[str, Any]:
+        return self.evaluate_priced(mask, [self.cost])[0]
+
+    def evaluate_priced(self, mask: SkipMask, costs: list[CostModel]) -> list[dict[str, Any]]:
+        """The expected speedup of ``mask`` under each cost model, from one teacher-forced
+        pass (the replay is cheap; the pass is not)."""
         t0 = time.perf_counter()
         agree, conf = self.teacher_forced(mask)
-        r = replay(agree, conf, mask, self.num_layers, self.k, cost or self.cost, self.exit_cfg)
         matchness = agreement(agree)
+        return [self._result(replay(agree, conf, mask, self.num_layers, self.k, c, self.exit_cfg),
+                             matchness, t0) for c in costs]
+
+    @staticmethod
+    def _result(r: Any, matchness: float, t0: float) -> dict[str, Any]:
         return {"value": r.speedup, "acceptance_rate": r.acceptance_rate,
                 "mean_acceptance_length": r.mean_acceptance_length, "matchness": matchness,
                 "tokens_per_step": r.tokens / r.steps if r.steps else 1.0,

@@ -42,6 +42,12 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (vx * vy) if vx and vy else 0.0
 
 
+def errors(proxy: list[float], measured: list[float]) -> dict[str, float]:
+    """Proxy minus measured speedup: mean and mean absolute."""
+    d = [x - y for x, y in zip(proxy, measured)]
+    return {"mean_abs_error": sum(map(abs, d)) / len(d), "mean_error": sum(d) / len(d)}
+
+
 def candidate_masks(num_layers: int, n: int, seed: int, log: str | None) -> dict[str, Any]:
     from vllm_selfspec.offline.search import layout_masks
     from vllm_selfspec.proposers.artifacts import read_jsonl
@@ -104,10 +110,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     masks = candidate_masks(proxy.num_layers, args.num_masks, args.seed, args.from_log)
     rows = []
     for name, m in tqdm(masks.items(), desc="proxy"):
+        priced = proxy.evaluate_priced(m, [proxy.cost, linear] if table else [proxy.cost])
         rows.append({"mask": name, "attention": sorted(m.attention), "mlp": sorted(m.mlp),
-                     "proxy": proxy.evaluate(m)})
-        if table:
-            rows[-1]["proxy_linear"] = proxy.evaluate(m, linear)
+                     "proxy": priced[0], **({"proxy_linear": priced[1]} if table else {})})
     cost = proxy.cost.to_json()
     del proxy
     measured = MeasuredObjective(path, dev, args.max_tokens, args.k, exit_cfg,
@@ -124,14 +129,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rho_acc = spearman([r["proxy"]["acceptance_rate"] for r in rows],
                        [r["measured"]["acceptance_rate"] for r in rows])
     report = {"config": vars(args), "cost_model": cost, "spearman_speedup": rho,
-              "spearman_acceptance_rate": rho_acc,
-              "mean_abs_error": sum(abs(x - y) for x, y in zip(xs, ys)) / len(rows),
-              "mean_error": sum(x - y for x, y in zip(xs, ys)) / len(rows), "rows": rows}
+              "spearman_acceptance_rate": rho_acc, **errors(xs, ys), "rows": rows}
     if table:
         lin = [r["proxy_linear"]["value"] for r in rows]
-        report["linear"] = {"spearman_speedup": spearman(lin, ys),
-                            "mean_abs_error": sum(abs(x - y) for x, y in zip(lin, ys)) / len(rows),
-                            "mean_error": sum(x - y for x, y in zip(lin, ys)) / len(rows)}
+        report["linear"] = {"spearman_speedup": spearman(lin, ys), **errors(lin, ys)}
     Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     draw(rows, rho, str(Path(args.json_out).with_suffix(".png")))

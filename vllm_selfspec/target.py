@@ -166,9 +166,15 @@ class TargetView:
         walk = self._walks[key] = self.adapter.compiled_run(*key)
         return walk, True, True
 
+    def _kernels(self) -> Any:
+        """vLLM's fused CPU kernels (adapters.DraftKernels) for the draft walk and the
+        scoring pass, or None: switched off (``DraftPass.draft_kernels``) or none here."""
+        kernels = self.adapter.kernels
+        return kernels if self.draft_pass.draft_kernels and len(kernels) else None
+
     def _eager_walk(self, mask: SkipMask) -> Any:
         adapter, attention, mlp = self.adapter, mask.attention, mask.mlp
-        kernels = adapter.kernels if self.draft_pass.draft_kernels and len(adapter.kernels) else None
+        kernels = self._kernels()
         if kernels is None:
             return lambda h, p: adapter.run(h, p, attention, mlp)
 
@@ -224,9 +230,9 @@ class TargetView:
         # custom ops run torch.compile'd when called eagerly, and compiling them for the
         # scoring pass's shapes took 0.4-1.8 s at the first optimization step (SWIFT's
         # budget, issue 15: a stream's whole share)
-        kernels = self.adapter.kernels if self.draft_pass.draft_kernels else None
+        kernels = self._kernels()
         with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}), \
-                (kernels.active() if kernels is not None and len(kernels) else nullcontext()):
+                (kernels.active() if kernels is not None else nullcontext()):
             hidden = self.adapter.run_per_token(self.adapter.embed(inputs.repeat(nc)),
                                                 positions.repeat(nc), keep_a, keep_m)
         pred = self.adapter.logits(hidden).argmax(dim=-1).view(nc, tw)
