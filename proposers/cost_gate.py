@@ -45,8 +45,9 @@ drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)``, whe
 beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound,
 so positions seldom drafted keep being tried, and untried step sizes read a little
 cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
-tokens every P steps (P doubling, up to ``max_probe_every``), which keeps a_1 and c_d
-current for a few hundredths of a step each time. Each evidence class has its own d and
+tokens every P steps (P doubling, up to ``max_probe_every``, and never sooner than the
+probe's predicted loss over ``probe_budget``), which keeps a_1 and c_d current for about
+half a percent of the time where drafting cannot win. Each evidence class has its own d and
 its own probe clock.
 """
 
@@ -73,6 +74,9 @@ class CostGateConfig:
     warmup_steps: int = 4  # plain steps before the first probe (to know t0)
     probe_every: int = 8  # P: steps between probes while plain decoding wins ...
     max_probe_every: int = 512  # ... doubling up to this
+    # ... and never sooner than a probe's predicted loss (in plain steps) over this share:
+    # probing costs about this share of the time where drafting cannot win
+    probe_budget: float = 0.005
     history: int = 4096  # decisions kept for plots (step, drafts, predicted gain)
     # plain probes: while drafting is predicted to win by less than reverse_below, a step
     # decodes plainly when the last timed plain step is reverse_every steps old, so that a
@@ -495,7 +499,8 @@ class CostGate:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
                     d = self._probe_length(name, costs)
-                    e.next_probe = self.steps + e.probe_every
+                    e.next_probe = self.steps + max(e.probe_every,
+                                                    self._probe_wait(name, d, costs))
                     e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
             e.limit = d
             if self._counts(name):
@@ -522,6 +527,22 @@ class CostGate:
             return 2
         c = self.draft_cost(evidence) or 0.0
         return 1 if costs[1] + n * c <= costs[2] + 2 * n * c else 2
+
+    def _probe_wait(self, evidence: str, d: int, costs: list[float] | None) -> int:
+        """Steps until the probe after this one: its predicted loss in plain steps (the
+        drafted step and its drafting, less the tokens the mean acceptance gives) over
+        ``probe_budget``, at most ``max_probe_every``. A draft token that costs a decode step
+        (selfspec on 2 cores) loses ~1.7 steps a probe: one probe per ~350 steps, not the
+        doubling clock's dozen in a thousand (each was ~0.1% of a bench run)."""
+        c, cfg = self.draft_cost(evidence), self.cfg
+        if costs is None or c is None or costs[0] <= 0 or d <= 0 or cfg.probe_budget <= 0:
+            return 0
+        tokens, run = 1.0, 1.0
+        for i in range(min(d, self.k)):
+            run *= self.acceptance(i, False, evidence)
+            tokens += run
+        loss = (costs[d] + self.batch * d * c) / costs[0] - tokens
+        return min(cfg.max_probe_every, max(0, math.ceil(loss / cfg.probe_budget)))
 
     def limit(self, evidence: str) -> int:
         """Most drafts of class ``evidence`` this step (by the last plan()). A class seen

@@ -98,12 +98,38 @@ def test_starts_plain_then_probes_one_token():
 
 
 def test_probes_back_off_while_plain_wins():
-    gate = CostGate(k=4, cfg=CostGateConfig(probe_every=4, max_probe_every=64))
+    # the doubling clock alone (a probe budget that lets every probe through)
+    gate = CostGate(k=4, cfg=CostGateConfig(probe_every=4, max_probe_every=64,
+                                            probe_budget=1e9))
     _, _, plan = simulate(gate, 3000, draft_cost=1.0, accept=0.1)
     probes = [i for i, d in enumerate(plan) if d]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[-1] == 64 and gaps[0] < 16
 
+
+def test_a_dear_probe_waits_for_its_budget():
+    """selfspec on 2 cores: a draft token costs a decode step and a third is accepted, so a
+    probe loses ~0.7-1.7 plain steps. After the first probes (which learn the draft cost)
+    probes come >= 100 steps apart, so they cost about ``probe_budget`` of the time. The
+    doubling clock alone restarts at 8 steps whenever drafting looked like winning for a
+    step (a noisy plain step; selfspec's bench run on MT-bench: 6 probes in 250 steps
+    after one such step at step 328)."""
+    gate = CostGate(k=4, cfg=CostGateConfig(probe_budget=0.005))
+    seconds, tokens, plan = simulate(gate, 900, draft_cost=1.0, accept=0.33)
+    probes = [i for i, d in enumerate(plan) if d]
+    assert min(b - a for a, b in zip(probes[1:], probes[2:])) > 100
+    assert rate(seconds, tokens) >= 0.99 * 20.0
+    gate.classes[""].probe_every = gate.cfg.probe_every  # drafting looked like winning
+    gate.classes[""].next_probe = gate.steps
+    assert gate.plan() > 0 and gate.classes[""].next_probe - gate.steps > 100
+    clock = CostGate(k=4, cfg=CostGateConfig(probe_budget=0.0))  # the doubling clock alone
+    plan = simulate(clock, 900, draft_cost=1.0, accept=0.33)[2]
+    probes = [i for i, d in enumerate(plan) if d]
+    assert min(b - a for a, b in zip(probes[1:], probes[2:])) < 16
+    # a cheap drafter's probe loses little: its probes keep the doubling clock
+    cheap = CostGate(k=4, cfg=CostGateConfig(probe_budget=0.005))
+    plan = simulate(cheap, 900, draft_cost=0.05, accept=0.0)[2]
+    assert sum(d > 0 for d in plan) >= 6
 
 def test_a_step_that_compiled_the_draft_pass_is_not_timed():
     """A compiled draft pass (control.set_compile_walks): the first draft step of a mask compiles its walk (tens of
