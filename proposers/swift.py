@@ -92,7 +92,7 @@ class SwiftOptions(CommonOptions):
         None, "file the best layer set is saved to when an optimization phase ends (default: "
         "<cache>/swift/<arch>-<L>L-<fingerprint>.json)", "str")
     optimization_budget: float = option(
-        0.02, "share of engine time the optimization steps may take: a step runs only while "
+        0.01, "share of engine time the optimization steps may take: a step runs only while "
         "the optimizer's time so far, plus the dearest step yet, is under this share of the time served (the phase takes "
         "longer in wall time, serving never slows by more)", "float", 0.0, 1.0, low_open=True)
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
