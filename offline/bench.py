@@ -1,9 +1,17 @@
 """Run several speculative-decoding methods side by side in ONE run, on the same prompts.
 
 Every method gets its own vLLM engine with identical engine settings; all engines
-live in this process (an idle engine costs no CPU), warm up, then take turns
-prompt by prompt (the method order rotates every round), so slow drift of the
-machine hits every method alike. Reported per method: generated tokens, seconds,
+live in this process (an idle engine costs no CPU) and warm up. Then every round
+(one prompt, or a batch at --concurrency > 1) goes to every engine, and the engines
+take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, the default; the order
+rotates every turn), each timed by its own clock that runs only while it steps: the
+machine's swings, which last seconds, hit every method alike. On this 2-core machine
+identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
+each engine in its own processes, as before stop 29) differed by up to 7.5% over 8
+prompts; step by step by 1%. In ``steps`` mode the engines run in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one engine step is one ``LLMEngine.step()``),
+and the drafters' measurements across steps read the engine's clock
+(``vllm_selfspec.control.set_clock``). Reported per method: generated tokens, seconds,
 tokens/s, speedup over the baseline in this run, mean acceptance length and
 acceptance rate (vLLM's own per-request spec-decode metrics, warm-up excluded), and
 whether greedy token ids are identical to the baseline's.
@@ -19,15 +27,17 @@ vllm_selfspec method); options pass through with
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
 import shlex
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 # vLLM's ngram proposer (vllm/v1/spec_decode/ngram_proposer.py) as every comparison runs it
 NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -44,6 +54,31 @@ class Entry:
     outputs: dict[str, list[int]] = field(default_factory=dict)
     acc: Any = None  # offline.spec_metrics.Acceptance over the timed requests
     extra: dict[str, Any] = field(default_factory=dict)
+    round_seconds: list[float] = field(default_factory=list)  # per round of the rotation
+    clock: EngineClock | None = None  # --interleave steps: the seconds this engine stepped
+
+
+class EngineClock:
+    """Seconds one engine has spent stepping (``--interleave steps``): runs only inside
+    ``running()``. Handed to the engine's drafter as its clock, so the cost gate's step
+    times and SWIFT's budget count this engine's steps, not the other engines' turns."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._since: float | None = None
+
+    def __call__(self) -> float:
+        now = time.perf_counter()
+        return self.total + (now - self._since if self._since is not None else 0.0)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        self._since = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.total += time.perf_counter() - self._since
+            self._since = None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --concurrency > 1: continuous (rounds of 4 x concurrency prompts; "
                         "vLLM starts the next prompt as soon as one finishes, as a server does) "
                         "or static (groups of concurrency prompts, each waiting for its slowest)")
+    p.add_argument("--interleave", choices=["steps", "prompts"], default="steps",
+                   help="how engines take turns on a round: engine step by engine step, every "
+                        "engine in this process, each timed by its own clock (steps), or the "
+                        "whole round per engine, each engine in its own processes (prompts)")
     p.add_argument("--warmup-prompts", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
@@ -148,7 +187,7 @@ def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
         "tokens_per_step": round(acc.tokens_per_step, 4),
         "num_drafts": acc.drafts, "num_draft_tokens": acc.draft_tokens,
         "num_accepted_tokens": acc.accepted, "identical_to_baseline": identical,
-        **e.extra,
+        "round_seconds": e.round_seconds, **e.extra,
     }
 
 
@@ -167,6 +206,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # local drafter stats RPC
+    if args.interleave == "steps":  # engines in this process: one step() is one engine step
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
@@ -194,6 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "split": args.split, "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
               "dtype": args.dtype, "temperature": args.temperature, "concurrency": args.concurrency,
               "batching": args.batching, "round_prompts": round_prompts(args),
+              "interleave": args.interleave,
               "enforce_eager": args.enforce_eager, "ignore_eos": args.ignore_eos,
               "warmup_prompts": args.warmup_prompts, "prompt_ids": [p.id for p in timed],
               "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
@@ -206,7 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{len(groups)} groups of at most {max(len(g) for g in groups)}, each with its own "
               "baseline (speedups are taken within a group)")
     for members in groups:
-        run_group(members, warm, timed, sp, model_path, engine_kw, round_prompts(args))
+        run_group(members, warm, timed, sp, model_path, engine_kw, round_prompts(args),
+                  args.interleave)
     for e in entries:
         e.extra.pop("_stats_error", None)
     rows = []
@@ -279,38 +322,59 @@ def round_prompts(args: argparse.Namespace) -> int:
 
 
 def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
-              model_path: str, engine_kw: dict[str, Any], per_round: int) -> None:
+              model_path: str, engine_kw: dict[str, Any], per_round: int,
+              interleave: str = "steps") -> None:
     """Start the group's engines, warm them up, then run the timed prompts ``per_round``
-    at a time with the method order rotating every round; collect drafter stats; shut
-    the engines down."""
+    at a time, every engine on every round, the order rotating every round (and every
+    turn with ``interleave="steps"``); collect drafter stats; shut the engines down."""
     from tqdm import tqdm
     from vllm import TokensPrompt
 
+    from vllm_selfspec.control import set_clock
     from vllm_selfspec.offline import engines
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
-    for e in tqdm(members, desc="starting engines", unit="engine"):
+    stepped = interleave == "steps"
+    # In this process, an engine started later steps faster: identical baseline engines
+    # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs (docs/results.md,
+    # stop 29). So the baseline starts last: no method is measured against a slower one.
+    starts = members[1:] + members[:1] if stepped else members
+    for e in tqdm(starts, desc="starting engines", unit="engine"):
         spec = speculative_config(e)
         e.llm = engines.start(model_path, speculative_config=spec,
                     **engine_args({"speculative_config": spec}), **engine_kw)
         e.acc = Acceptance()
-        e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
-                       use_tqdm=False)
+        e.clock = EngineClock()
+        if stepped and e.method not in VLLM_METHODS:
+            e.llm.collective_rpc(set_clock, args=(e.clock,))
+        with e.clock.running():
+            e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
+                           use_tqdm=False)
     rounds = [timed[i: i + per_round] for i in range(0, len(timed), per_round)]
     bar = tqdm(total=len(rounds) * len(members), desc="benchmark", unit="run")
     for g, group in enumerate(rounds):
         order = members[g % len(members):] + members[: g % len(members)]
         batch = [TokensPrompt(prompt_token_ids=p.token_ids) for p in group]
+        if stepped:
+            took = step_round(order, batch, sp)
+        else:
+            took = {}
+            for e in order:
+                t0 = time.perf_counter()
+                outs = e.llm.generate(batch, sp, use_tqdm=False)
+                took[e.label] = (time.perf_counter() - t0, outs)
+                bar.update(1)
         for e in order:
-            t0 = time.perf_counter()
-            outs = e.llm.generate(batch, sp, use_tqdm=False)
-            e.seconds += time.perf_counter() - t0
+            seconds, outs = took[e.label]
+            e.seconds += seconds
+            e.round_seconds.append(round(seconds, 4))
             e.acc.add(acceptance(outs))
             for p, o in zip(group, outs):
                 ids = list(o.outputs[0].token_ids)
                 e.outputs[p.id] = ids
                 e.tokens += len(ids)
-            bar.update(1)
+        if stepped:
+            bar.update(len(order))
     bar.close()
     for e in members:
         if e.method not in VLLM_METHODS:
@@ -323,6 +387,38 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
                 e.extra["drafter"] = {"error": str(ex)}
         engines.shutdown(e.llm)
         e.llm = None
+    gc.collect()  # in-process engines: their weights and KV caches go with the last reference
+
+
+def step_round(entries: list[Entry], batch: list[Any], sp: Any
+               ) -> dict[str, tuple[float, list[Any]]]:
+    """One round, engine step by engine step: every engine gets the round's prompts
+    (``LLM.enqueue``), then the engines take turns running one ``LLMEngine.step()`` each,
+    the order rotating every turn, until all are done. Returns per engine label the
+    seconds its own steps took and its outputs in prompt order (by request id, as
+    ``LLM.generate`` orders them: vllm/entrypoints/common/offline.py ``_run_engine``)."""
+    for e in entries:
+        e.llm.enqueue(batch, sp, use_tqdm=False)
+    done: dict[str, dict[str, Any]] = {e.label: {} for e in entries}
+    start = {e.label: e.clock() for e in entries}
+    live, turn = list(entries), 0
+    while live:
+        k = turn % len(live)
+        turn += 1
+        for e in live[k:] + live[:k]:
+            with e.clock.running():
+                outs = e.llm.llm_engine.step()
+            for o in outs:
+                if o.finished:
+                    done[e.label][o.request_id] = o
+        live = [e for e in live if e.llm.llm_engine.has_unfinished_requests()]
+    took = {}
+    for e in entries:
+        outs = sorted(done[e.label].values(), key=lambda o: int(o.request_id))
+        if len(outs) != len(batch):
+            raise RuntimeError(f"{e.label}: {len(outs)} of {len(batch)} requests finished")
+        took[e.label] = (e.clock() - start[e.label], outs)
+    return took
 
 
 def machine() -> dict[str, Any]:

@@ -10,6 +10,7 @@ types.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol
@@ -146,6 +147,12 @@ class Proposer(ABC):
     # collectives run the same forwards on every rank. Every rank calls it at the same
     # points; None at TP = 1.
     agree: Callable[[Any], Any] | None = None
+
+    # Seconds of engine time, for measurements that span engine steps (SWIFT's budget, the
+    # cost gate's step times): wall time, unless a tool that steps several engines in
+    # turn in one process hands each engine a clock that runs only while it steps
+    # (``vllm_selfspec.control.set_clock``, tools/bench.py).
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens

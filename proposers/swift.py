@@ -242,7 +242,7 @@ class SwiftProposer(SelfSpecProposer):
     def _within_budget(self) -> bool:
         """Engine time served so far (gaps over a second are idle time, not counted) and
         whether the optimizer's share of it is under ``optimization_budget``."""
-        now = time.perf_counter()
+        now = self.clock()
         if self._last_call is not None:
             self.stats["served_seconds"] += min(now - self._last_call, 1.0)
         self._last_call = now

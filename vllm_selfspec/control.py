@@ -115,6 +115,14 @@ def inject_draft_failures(worker: Any, every: int) -> None:
     d.proposer.propose = failing if every > 0 else orig
 
 
+def set_clock(worker: Any, clock: Any) -> None:
+    """The clock the drafter's measurements across engine steps read (the cost gate's step
+    times, SWIFT's budget; ``Proposer.clock``): for an engine in this process that a tool
+    steps in turn with others, one that runs only while this engine steps. In-process
+    engines only (the callable is not sent to another process)."""
+    _drafter(worker).proposer.clock = clock
+
+
 def set_drafting(worker: Any, enabled: bool) -> None:
     """Draft (True) or decode plainly (False) in the same engine."""
     _drafter(worker).drafting = bool(enabled)

@@ -290,7 +290,7 @@ class PluginDrafter:
             self._phase_changes = changes
             self.gate = CostGate(k=self.k)
         scheduled = getattr(ctx.scheduler_output, "num_scheduled_tokens", None) or {}
-        self.gate.record(time.perf_counter(), decode_only(ctx.scheduler_output),
+        self.gate.record(self.proposer.clock(), decode_only(ctx.scheduler_output),
                          sum(r.drafted for r in results), requests=len(scheduled))
         for r in results:
             self.gate.observe(r.drafted, r.accepted, self.evidence.pop(r.req_id, ""))

@@ -1,0 +1,79 @@
+"""tools/bench.py's ``--interleave steps``: engines take turns one engine step at a time,
+each timed by its own clock, and their outputs come back in prompt order."""
+
+import time
+from types import SimpleNamespace
+
+from vllm_selfspec.offline.bench import EngineClock, Entry, step_round
+from vllm_selfspec.proposers.swift import SwiftProposer
+
+
+class FakeEngine:
+    """An engine whose requests finish after ``steps`` steps of ``seconds`` each (a
+    faster method: fewer steps). ``log`` records which engine stepped, in order."""
+
+    def __init__(self, name: str, steps: int, seconds: float, log: list[str]) -> None:
+        self.name, self.steps, self.seconds, self.log = name, steps, seconds, log
+        self.pending: list[list] = []
+        self.llm_engine = self
+
+    def enqueue(self, batch, sp, use_tqdm=False):
+        ids = [str(len(self.pending) + i) for i in range(len(batch))]
+        self.pending += [[rid, self.steps + int(rid) % 2, p] for rid, p in zip(ids, batch)]
+        return [f"{rid}-internal" for rid in ids]  # vLLM's internal ids, not the outputs'
+
+    def step(self):
+        self.log.append(self.name)
+        time.sleep(self.seconds)
+        out = []
+        for r in self.pending:
+            r[1] -= 1
+            if r[1] == 0:
+                out.append(SimpleNamespace(request_id=r[0], finished=True, prompt=r[2]))
+        self.pending = [r for r in self.pending if r[1] > 0]
+        return out
+
+    def has_unfinished_requests(self):
+        return bool(self.pending)
+
+
+def entry(name, steps, seconds, log):
+    return Entry(label=name, method="baseline", llm=FakeEngine(name, steps, seconds, log),
+                 clock=EngineClock())
+
+
+def test_engines_take_turns_step_by_step_and_count_only_their_own_steps():
+    log: list[str] = []
+    fast, slow = entry("fast", 3, 0.002, log), entry("slow", 6, 0.004, log)
+    took = step_round([fast, slow], ["p0", "p1"], sp=None)
+    # one step each per turn, the order rotating every turn; the fast engine leaves early
+    # (its second request takes one step more than its first)
+    assert log[:8] == ["fast", "slow", "slow", "fast", "fast", "slow", "slow", "fast"]
+    assert log[8:] == ["slow"] * 3
+    # each engine's seconds are its own steps' (4 x 2 ms, 7 x 4 ms), not the round's wall time
+    assert 0.008 <= took["fast"][0] < 0.008 + 0.02 and 0.028 <= took["slow"][0] < 0.028 + 0.02
+    # in prompt order, by the request ids the outputs carry
+    assert [o.prompt for o in took["fast"][1]] == ["p0", "p1"]
+
+
+def test_the_engine_clock_runs_only_while_its_engine_steps():
+    clock = EngineClock()
+    with clock.running():
+        time.sleep(0.01)
+    stopped = clock()
+    time.sleep(0.01)
+    assert clock() == stopped and 0.01 <= stopped < 0.05
+
+
+def test_proposers_read_the_clock_they_are_given():
+    """SWIFT's budget counts served time by the proposer's clock: an engine that waited for
+    other engines' turns has not served that time."""
+    ticks = iter([0.0, 0.5, 0.5])
+    p = SwiftProposer.__new__(SwiftProposer)
+    p.clock = lambda: next(ticks)  # type: ignore[method-assign]
+    p._last_call, p.stats, p._step_s = None, {"served_seconds": 0.0, "opt_seconds": 0.0}, 0.0
+    p.cfg = SimpleNamespace(optimization_budget=0.01)
+    p._within_budget()
+    p._within_budget()
+    p._within_budget()
+    assert p.stats["served_seconds"] == 0.5
