@@ -330,7 +330,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     from tqdm import tqdm
     from vllm import TokensPrompt
 
-    from vllm_selfspec.control import set_clock
+    from vllm_selfspec.control import set_clock, worker_pid
     from vllm_selfspec.offline import engines
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
@@ -345,8 +345,12 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
                     **engine_args({"speculative_config": spec}), **engine_kw)
         e.acc = Acceptance()
         e.clock = EngineClock()
+        if stepped and e.llm.collective_rpc(worker_pid)[0] != os.getpid():
+            raise SystemExit("--interleave steps needs the engines in this process, but vLLM "
+                             "started a worker process (tensor parallelism?): use "
+                             "--interleave prompts")
         if stepped and e.method not in VLLM_METHODS:
-            e.llm.collective_rpc(set_clock, args=(e.clock,))
+            e.llm.collective_rpc(set_clock, args=(e.clock,))  # the same object: in-process
         with e.clock.running():
             e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
                            use_tqdm=False)

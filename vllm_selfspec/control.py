@@ -115,6 +115,13 @@ def inject_draft_failures(worker: Any, every: int) -> None:
     d.proposer.propose = failing if every > 0 else orig
 
 
+def worker_pid(worker: Any) -> int:
+    """The worker's process id (a tool checks that an engine runs in its own process)."""
+    import os
+
+    return os.getpid()
+
+
 def set_clock(worker: Any, clock: Any) -> None:
     """The clock the drafter's measurements across engine steps read (the cost gate's step
     times, SWIFT's budget; ``Proposer.clock``): for an engine in this process that a tool

@@ -137,6 +137,7 @@ class PluginDrafter:
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us
         patches.patch_top_k_empty()
+        patches.patch_plain_steps()
 
     # ---- vLLM custom_class contract -------------------------------------------------
     def load_model(self, target_model: Any, *args: Any, **kwargs: Any) -> None:

