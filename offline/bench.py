@@ -8,7 +8,9 @@ rotates every turn), each timed by its own clock that runs only while it steps: 
 machine's swings, which last seconds, hit every method alike. On this 2-core machine
 identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
 each engine in its own processes, as before stop 29) differed by up to 7.5% over 8
-prompts; step by step by 1%. In ``steps`` mode the engines run in this process
+prompts; step by step by 0.6-3.0%, the later-started engines faster, so in ``steps`` mode
+the baseline is timed twice, by the engine started first and a twin started last, and
+its time is their mean. In ``steps`` mode the engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one engine step is one ``LLMEngine.step()``),
 and the drafters' measurements across steps read the engine's clock
 (``vllm_selfspec.control.set_clock``). Reported per method: generated tokens, seconds,
@@ -241,7 +243,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "vllm_selfspec": vllm_selfspec.__version__, "machine": machine(),
               "command": "python tools/bench.py " + shlex.join(sys.argv[1:] if argv is None else argv)}
 
-    groups = engine_groups(entries, args.max_engines or auto_max_engines(model_path, args))
+    limit = args.max_engines or auto_max_engines(model_path, args)
+    if args.interleave == "steps":  # room for the baseline's twin in every group (run_group)
+        limit = max(2, limit - 1)
+    groups = engine_groups(entries, limit)
     config["engine_groups"] = [[e.label for e in g] for g in groups]
     if len(groups) > 1:
         print(f"{len(entries)} engines do not fit in memory at once: running "
@@ -335,11 +340,17 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
     stepped = interleave == "steps"
-    # In this process, an engine started later steps faster: identical baseline engines
-    # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs (docs/results.md,
-    # stop 29). So the baseline starts last: no method is measured against a slower one.
-    starts = members[1:] + members[:1] if stepped else members
-    for e in tqdm(starts, desc="starting engines", unit="engine"):
+    # In this process an engine started later steps faster: identical baseline engines
+    # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs, and a baseline started
+    # last made the methods started first look 2-5% slower (docs/results.md, stop 29). So
+    # the baseline is timed twice, by an engine started first and a twin started last, and
+    # its time is their mean (``merge_twin``): a start-order effect linear in the position
+    # cancels, and the twins' spread shows how large it was in this run.
+    base = members[0]
+    twin = Entry(label=f"{base.label} (started last)", method=base.method,
+                 config=dict(base.config)) if stepped else None
+    members = members + [twin] if twin is not None else members
+    for e in tqdm(members, desc="starting engines", unit="engine"):
         spec = speculative_config(e)
         e.llm = engines.start(model_path, speculative_config=spec,
                     **engine_args({"speculative_config": spec}), **engine_kw)
@@ -392,6 +403,21 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
         engines.shutdown(e.llm)
         e.llm = None
     gc.collect()  # in-process engines: their weights and KV caches go with the last reference
+    if twin is not None:
+        merge_twin(base, twin)
+
+
+def merge_twin(base: Entry, twin: Entry) -> None:
+    """The baseline's time: the mean of the engine started first and its twin started last
+    (``--interleave steps``); both are kept in ``base.extra["baseline_twins"]``."""
+    base.extra["baseline_twins"] = {
+        "seconds_started_first": round(base.seconds, 4),
+        "seconds_started_last": round(twin.seconds, 4),
+        "last_over_first": round(twin.seconds / base.seconds, 4) if base.seconds else None,
+        "identical": twin.outputs == base.outputs}
+    base.seconds = (base.seconds + twin.seconds) / 2
+    base.round_seconds = [round((a + b) / 2, 4)
+                          for a, b in zip(base.round_seconds, twin.round_seconds)]
 
 
 def step_round(entries: list[Entry], batch: list[Any], sp: Any

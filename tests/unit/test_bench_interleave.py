@@ -4,7 +4,7 @@ each timed by its own clock, and their outputs come back in prompt order."""
 import time
 from types import SimpleNamespace
 
-from vllm_selfspec.offline.bench import EngineClock, Entry, step_round
+from vllm_selfspec.offline.bench import EngineClock, Entry, merge_twin, step_round
 from vllm_selfspec.proposers.swift import SwiftProposer
 
 
@@ -77,3 +77,15 @@ def test_proposers_read_the_clock_they_are_given():
     p._within_budget()
     p._within_budget()
     assert p.stats["served_seconds"] == 0.5
+
+
+def test_the_baseline_time_is_the_mean_of_the_engine_started_first_and_its_twin():
+    base = Entry(label="baseline", method="baseline", seconds=10.0, round_seconds=[4.0, 6.0],
+                 outputs={"p": [1, 2]})
+    twin = Entry(label="baseline (started last)", method="baseline", seconds=9.0,
+                 round_seconds=[3.0, 6.0], outputs={"p": [1, 2]})
+    merge_twin(base, twin)
+    assert base.seconds == 9.5 and base.round_seconds == [3.5, 6.0]
+    assert base.extra["baseline_twins"] == {"seconds_started_first": 10.0,
+                                            "seconds_started_last": 9.0,
+                                            "last_over_first": 0.9, "identical": True}
