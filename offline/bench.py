@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   args.interleave)
     for e in entries:
         e.extra.pop("_stats_error", None)
+    if args.interleave == "steps":  # every group's baseline twins (later groups' rows are not kept)
+        config["baseline_twins"] = [g[0].extra.get("baseline_twins") for g in groups]
     rows = []
     for members in groups:
         base = members[0]
