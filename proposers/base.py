@@ -148,12 +148,6 @@ class Proposer(ABC):
     # points; None at TP = 1.
     agree: Callable[[Any], Any] | None = None
 
-    # Seconds of engine time, for measurements that span engine steps (SWIFT's budget, the
-    # cost gate's step times): wall time, unless a tool that steps several engines in
-    # turn in one process hands each engine a clock that runs only while it steps
-    # (``vllm_selfspec.control.set_clock``, tools/bench.py).
-    clock: Callable[[], float] = staticmethod(time.perf_counter)
-
     def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
         self.k = num_speculative_tokens
         # bumped whenever the drafter changes how it drafts (SWIFT's phases): measurements
@@ -162,6 +156,13 @@ class Proposer(ABC):
         self.options = dict(options)  # validated keys plus what the glue resolved at start-up
         self.cfg: Any = build(self.options_class, options)
         self.stats: dict[str, float] = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
+
+    def clock(self) -> float:
+        """Seconds of engine time, for measurements that span engine steps (SWIFT's budget,
+        the cost gate's step times): wall time, unless a tool that steps several engines in
+        turn in one process hands each engine a clock that runs only while it steps (an
+        instance attribute set by ``vllm_selfspec.control.set_clock``, tools/bench.py)."""
+        return time.perf_counter()
 
     def bind(self, target: Any) -> None:
         """Receive the target view once the model is loaded."""
