@@ -364,7 +364,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     stepped = interleave == "steps"
     # In this process an engine started later steps faster: identical baseline engines
     # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs, and a baseline started
-    # last made the methods started first look 2-5% slower (docs/results.md, stop 29). So
+    # last made the method started first look 2-7% slower per prompt (docs/results.md, stop 29). So
     # the baseline is timed twice, by an engine started first and a twin started last, and
     # its time is their mean (``merge_twin``): a start-order effect linear in the position
     # cancels, and the twins' spread shows how large it was in this run.

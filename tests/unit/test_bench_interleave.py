@@ -78,6 +78,8 @@ def test_proposers_read_the_clock_they_are_given():
     p._within_budget()
     p._within_budget()
     p._within_budget()
+    # not a timing: the served seconds are the given clock's readings (0 -> 0.5 -> 0.5), so
+    # the assertion checks which clock the budget reads, not how fast anything ran
     assert p.stats["served_seconds"] == 0.5
 
 
@@ -87,6 +89,7 @@ def test_the_baseline_time_is_the_mean_of_the_engine_started_first_and_its_twin(
     twin = Entry(label="baseline (started last)", method="baseline", seconds=9.0,
                  round_seconds=[3.0, 6.0], outputs={"p": [1, 2]})
     merge_twin(base, twin)
+    # not a timing: arithmetic on the seconds given above (the mean of the two engines)
     assert base.seconds == 9.5 and base.round_seconds == [3.5, 6.0]
     assert base.extra["baseline_twins"] == {"seconds_started_first": 10.0,
                                             "seconds_started_last": 9.0,
