@@ -103,6 +103,8 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
                 if r.max_len > 0:
                     rest.append(r)
                     evidence[r.row] = "chimera"
+        if rest:
+            self.prepare(batch, rest)
         ready = self.ready(rest)
         if ready:
             self.stats["steps"] += 1

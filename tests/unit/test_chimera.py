@@ -121,8 +121,38 @@ def test_no_draft_without_the_newest_state_and_tracking_without_drafts():
     assert p.propose(b).drafts == [[]]
     p2 = proposer(m)
     p2.track(batch_for(toks[:8], hidden, 0, 7))  # a step the cost gate kept plain
-    assert p2.stores["r"].next_mature == 7 and p2.propose(
-        batch_for(toks[:8], hidden, 7, 0)).drafts[0]
+    assert p2.pending_rows == 7 and "r" not in p2.stores  # kept, taken in when a draft is due
+    assert p2.propose(batch_for(toks[:8], hidden, 7, 0)).drafts[0]
+    assert p2.stores["r"].next_mature == 7 and p2.pending_rows == 0
+
+
+def test_states_kept_over_plain_steps_draft_as_if_taken_in_every_step(monkeypatch):
+    """Lazy intake: states kept over steps the cost gate kept plain (and a preemption
+    among them) give the drafts of a proposer that took them in every step."""
+    import vllm_selfspec.proposers.chimera_drafting as cd
+
+    m = tiny()
+    toks = torch.randint(0, V, (16,)).tolist()
+    hidden = torch.randn(20, H)
+    steps = [(8, 0, 7), (9, 7, 1), (11, 8, 2), (11, 0, 10), (12, 10, 1), (14, 11, 2)]
+    eager, lazy = proposer(m), proposer(m)
+    for n, start, count in steps:
+        b = batch_for(toks[:n], hidden, start, count)
+        eager.propose(b)  # drafts every step: takes every state in at once
+        lazy.track(b)
+    assert lazy.pending_rows == 23
+    b = batch_for(toks[:14], hidden, 13, 0)
+    assert lazy.propose(b).drafts == eager.propose(b).drafts != [[]]
+    assert lazy.stats["store_resets"] == eager.stats["store_resets"] == 1
+    s, e = lazy.stores["r"], eager.stores["r"]
+    assert (s.next_mature, s.next_green, s.count) == (e.next_mature, e.next_green, e.count)
+    # a finished request's kept states go with it; many kept rows are taken in anyway
+    lazy.track(batch_for(toks[:15], hidden, 13, 1))
+    lazy.finish({"r"})
+    assert lazy.pending == [] and lazy.pending_rows == 0
+    monkeypatch.setattr(cd, "PENDING_ROWS", 8)
+    lazy.track(batch_for(toks[:10], hidden, 0, 9))
+    assert lazy.pending_rows == 0 and lazy.stores["r"].next_mature == 9
 
 
 def test_stop_threshold_and_request_limits():
