@@ -452,12 +452,18 @@ class CostGate:
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
         n = max(1, n)
-        gains, tokens, run = [], 1.0, 1.0
+        return [tokens * costs[0] / (costs[d] + n * d * c)
+                for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1)]
+
+    def _expected_tokens(self, upto: int, optimistic: bool, evidence: str) -> list[float]:
+        """Expected tokens a step gives with d = 1..upto drafts of class ``evidence``: 1 plus
+        the products of the per-position acceptances (one pass)."""
+        out, tokens, run = [], 1.0, 1.0
         for i in range(upto):
             run *= self.acceptance(i, optimistic, evidence)
             tokens += run
-            gains.append(tokens * costs[0] / (costs[i + 1] + n * (i + 1) * c))
-        return gains
+            out.append(tokens)
+        return out
 
     def predicted_gain(self, d: int, optimistic: bool = True, n: int = 1,
                        evidence: str = "") -> float:
@@ -537,10 +543,8 @@ class CostGate:
         c, cfg = self.draft_cost(evidence), self.cfg
         if costs is None or c is None or costs[0] <= 0 or d <= 0 or cfg.probe_budget <= 0:
             return 0
-        tokens, run = 1.0, 1.0
-        for i in range(min(d, self.k)):
-            run *= self.acceptance(i, False, evidence)
-            tokens += run
+        d = min(d, self.k)
+        tokens = self._expected_tokens(d, False, evidence)[-1]
         loss = (costs[d] + self.batch * d * c) / costs[0] - tokens
         return min(cfg.max_probe_every, max(0, math.ceil(loss / cfg.probe_budget)))
 
