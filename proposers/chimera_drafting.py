@@ -200,7 +200,7 @@ class ChimeraProposer(Proposer):
         pos = torch.cat([torch.arange(p, p + h.shape[0], device=dev) for _, p, h in todo])
         k, v = self.model.block.kv(hidden, pos)
         at = 0
-        for s, p, h in todo:
+        for s, _, h in todo:
             n = int(h.shape[0])
             s.append(k[at: at + n], v[at: at + n])
             s.last_hidden = hidden[at + n - 1].clone()
