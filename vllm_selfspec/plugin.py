@@ -209,3 +209,4 @@ def register() -> None:
     patches.patch_lookahead(plugin_options)
     patches.patch_cpu_expand()
     patches.patch_top_k_empty()
+    patches.patch_kernel_rebind()
