@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .draft_exit import DraftExitConfig
 from .layer_skip import SelfSpecProposer
-from .options import DraftSamplerOptions, draft_vocab_option, option
+from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
 from .skip_mask import SkipMask, SkipMaskError
 
 
@@ -69,6 +69,7 @@ class LayerSkipOptions(DraftSamplerOptions):
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: always "
         "num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0)
     draft_vocab: int = draft_vocab_option()
+    draft_weights: str = draft_weights_option()
 
 
 class EarlyExitProposer(SelfSpecProposer):

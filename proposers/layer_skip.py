@@ -23,7 +23,7 @@ import torch
 from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
-from .options import DraftSamplerOptions, draft_vocab_option, option
+from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
 
@@ -41,8 +41,10 @@ class SelfSpecOptions(DraftSamplerOptions):
         "(0-based ids, D&V/SWIFT format). Default: the cached searched mask for this model, "
         "else the uniform mask", "mask")
     skip_mask_key: str | None = option(None, "entry to use in a model-keyed mask file", "str")
-    skip_ratio: float = option(0.15, "share of the 2(L-2) inner sub-layers the uniform mask "
-                               "skips (used when no mask is given)", "float", 0.0, 1.0,
+    skip_ratio: float = option(0.0, "share of the 2(L-2) inner sub-layers the uniform mask "
+                               "skips (used when no mask is given; with low-bit draft weights "
+                               "the draft is cheap without skipping, and on the small models "
+                               "each skipped sub-layer costs acceptance)", "float", 0.0, 1.0,
                                high_open=True)
     draft_exit_threshold: float = option(
         _DE.threshold, "initial draft-exit threshold: drafting stops when the draft's top-1 "
@@ -58,6 +60,7 @@ class SelfSpecOptions(DraftSamplerOptions):
     beta2: float = option(_DE.beta2, "smoothing of the threshold", "float", 0.0, 1.0,
                           high_open=True, symbol="β2")
     draft_vocab: int = draft_vocab_option()
+    draft_weights: str = draft_weights_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,
@@ -132,6 +135,9 @@ class SelfSpecProposer(Proposer):
             return
         self.vocab = vocab
         self.head = vocab.rows(weight.detach()).contiguous()
+        prepare = getattr(self.target, "prepare_head", None)
+        if prepare is not None:  # a low-bit copy of the rows (draft_weights), made now
+            prepare(self.head)
 
     @property
     def mask_settled(self) -> bool:

@@ -48,6 +48,24 @@ def draft_vocab_option() -> Any:
         "LM head", "int", 0, None)
 
 
+# The default of key draft_weights for selfspec, swift and layerskip: int8 weights with int8
+# activations where vLLM's CPU kernel is (each layer falls back to int8 weights with bfloat16
+# activations, then to its own, where that is faster or the kernel missing). Measured in
+# docs/results.md: on 2 CPU cores it makes the SmolLM2-135M self-draft the first that pays.
+DRAFT_WEIGHTS_DEFAULT = "w8a8"
+
+
+def draft_weights_option(default: str = DRAFT_WEIGHTS_DEFAULT) -> Any:
+    """Key ``draft_weights`` of the layer-skip methods (selfspec, swift, layerskip)."""
+    return option(
+        default, "weights the draft pass reads: \"full\" (the target's own), \"int8\" "
+        "(weight-only, a scale per output row; bfloat16 activations), \"w8a8\" (the same "
+        "weights, activations quantized per token; CPU) or \"int4\" (groups of 32). Each "
+        "linear layer and the LM head take the fastest format at or above it, measured for "
+        "its shape on this machine at start-up (proposers.low_bit)", "str",
+        choices=("full", "int8", "w8a8", "int4"))
+
+
 @dataclasses.dataclass(frozen=True)
 class CommonOptions:
     """Keys every method takes."""

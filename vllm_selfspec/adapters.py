@@ -211,13 +211,179 @@ class DraftKernels:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
+        # through the instance dict: nn.Module.__setattr__'s checks cost ~3 µs a swap
         try:
             for m, fn in self.swaps:
-                m._forward_method = fn
+                m.__dict__["_forward_method"] = fn
             yield
         finally:
             for m, fn in self.native:
-                m._forward_method = fn
+                m.__dict__["_forward_method"] = fn
+
+
+class DirectWalk:
+    """The draft walk on CPU without vLLM's module calls: the same sub-layer operations as
+    ``PreNormDecoderAdapter.run`` (``LlamaAttention.forward``, ``LlamaMLP.forward``,
+    ``Qwen3Attention.forward``'s q/k norms), each through the kernel vLLM's CPU path uses
+    (``torch.ops._C`` norms, rotary embedding and SiLU-and-mul; the attention backend's
+    ``do_kv_cache_update`` and ``forward``, as ``unified_kv_cache_update`` and
+    ``unified_attention_with_output`` call them, attention.py:724-790), and each linear
+    layer through ``linear(module, dtype)``: a function of x (bias included) in ``dtype``,
+    the target's own ``quant_method.apply`` or a low-bit copy (``draft_weights``). On 2 CPU
+    cores a one-token sub-layer's module calls cost about as much as its kernels, so the
+    walk calls the kernels directly. Attention metadata and the KV slots to write come as
+    arguments (per layer name) instead of through the forward context.
+
+    ``dtype``: the residual stream's (and the norms'): the model's, or bfloat16 when the
+    linear layers run low-bit kernels with bfloat16 activations (no conversion around each
+    of them); queries, keys and values enter attention in the KV cache's dtype."""
+
+    def __init__(self, adapter: PreNormDecoderAdapter,
+                 linear: Callable[[nn.Module, torch.dtype], Callable[[torch.Tensor], torch.Tensor]],
+                 dtype: torch.dtype) -> None:
+        self.adapter = adapter
+        self.dtype = dtype
+        self.layers = []
+        for layer in adapter.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            attn = at.attn
+            self.layers.append(dict(
+                in_norm=_norm_params(layer.input_layernorm, dtype),
+                post_norm=_norm_params(layer.post_attention_layernorm, dtype),
+                qkv=linear(at.qkv_proj, dtype),
+                sizes=[int(at.q_size), int(at.kv_size), int(at.kv_size)],
+                q_norm=_norm_params(getattr(at, "q_norm", None), None),
+                k_norm=_norm_params(getattr(at, "k_norm", None), None),
+                head_dim=int(getattr(at, "head_dim", 0) or attn.head_size),
+                rope=at.rotary_emb, attn=attn, impl=attn.impl,
+                update=not attn.attn_backend.forward_includes_kv_cache_update,
+                name=attn.layer_name, num_heads=int(attn.num_heads),
+                num_kv_heads=int(attn.num_kv_heads), head_size=int(attn.head_size),
+                head_size_v=int(getattr(attn, "head_size_v", attn.head_size)),
+                o=linear(at.o_proj, dtype), gate_up=linear(mlp.gate_up_proj, dtype),
+                down=linear(mlp.down_proj, dtype)))
+        self.final_norm = _norm_params(adapter.inner.norm, dtype)
+
+    @staticmethod
+    def supported(adapter: PreNormDecoderAdapter) -> str | None:
+        """Why the direct walk cannot run this model here (None: it can)."""
+        if not len(adapter.kernels):
+            return "no vLLM CPU kernels"
+        for layer in adapter.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            for name in ("qkv_proj", "o_proj", "rotary_emb", "attn", "q_size", "kv_size"):
+                if not hasattr(at, name):
+                    return f"attention without {name}"
+            for name in ("gate_up_proj", "down_proj"):
+                if not hasattr(mlp, name):
+                    return f"MLP without {name}"
+            if type(mlp.act_fn).__name__ != "SiluAndMul":
+                return f"activation {type(mlp.act_fn).__name__}"
+            for lin in (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                if int(getattr(lin, "tp_size", 1)) > 1:
+                    return "tensor parallelism"
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                if getattr(norm, "variance_size_override", None) is not None \
+                        or not getattr(norm, "has_weight", True):
+                    return "an RMSNorm without its plain weight"
+            attn = at.attn
+            if getattr(attn, "query_quant", None) is not None \
+                    or getattr(attn, "kv_sharing_target_layer_name", None) is not None \
+                    or getattr(attn, "kv_cache_dtype", "auto") != "auto":
+                return "quantized or shared KV cache"
+        return None
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor,
+            skip_attention: frozenset[int], skip_mlp: frozenset[int],
+            metadata: dict[str, Any], slots: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``PreNormDecoderAdapter.run`` for the kept sub-layers (final norm included), in
+        ``dtype`` (``hidden`` is converted)."""
+        ops = torch.ops._C
+        residual: torch.Tensor | None = None
+        h = hidden.to(self.dtype)
+        for i, L in enumerate(self.layers):
+            if i not in skip_attention:
+                h, residual = _norm(ops, h, residual, *L["in_norm"])
+                attn = L["attn"]
+                kv = attn.kv_cache
+                qkv = L["qkv"](h)
+                if qkv.dtype != kv.dtype:
+                    qkv = qkv.to(kv.dtype)
+                q, k, v = qkv.split(L["sizes"], dim=-1)
+                if L["q_norm"] is not None:  # Qwen3: RMSNorm over each head
+                    hd = L["head_dim"]
+                    q = _norm(ops, q.reshape(-1, hd), None, *L["q_norm"])[0].view(q.shape)
+                    k = _norm(ops, k.reshape(-1, hd), None, *L["k_norm"])[0].view(k.shape)
+                q, k = L["rope"].forward_cpu(positions, q, k)
+                n = q.shape[0]
+                out = torch.empty(n, L["num_heads"] * L["head_size_v"], dtype=q.dtype,
+                                  device=q.device)
+                k3 = k.view(-1, L["num_kv_heads"], L["head_size"])
+                v3 = v.view(-1, L["num_kv_heads"], L["head_size_v"])
+                name = L["name"]
+                slot = slots.get(name)
+                if L["update"] and slot is not None:
+                    L["impl"].do_kv_cache_update(attn, k3, v3, kv, slot)
+                L["impl"].forward(attn, q.view(-1, L["num_heads"], L["head_size"]), k3, v3,
+                                  kv, metadata[name],
+                                  output=out.view(-1, L["num_heads"], L["head_size_v"]))
+                h = L["o"](out if out.dtype == self.dtype else out.to(self.dtype))
+            if i not in skip_mlp:
+                h, residual = _norm(ops, h, residual, *L["post_norm"])
+                gu = L["gate_up"](h)
+                act = torch.empty(gu.shape[:-1] + (gu.shape[-1] // 2,), dtype=gu.dtype,
+                                  device=gu.device)
+                ops.silu_and_mul(act, gu)
+                h = L["down"](act)
+        h, _ = _norm(ops, h, residual, *self.final_norm)
+        return h
+
+
+def _norm(ops: Any, h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's RMSNorm (``residual`` None) or fused add + RMSNorm: (normed, residual)."""
+    if residual is None:
+        out = torch.empty_like(h)
+        ops.rms_norm(out, h.contiguous(), weight, eps)
+        return out, h
+    h = h.contiguous()
+    ops.fused_add_rms_norm(h, residual, weight, eps)
+    return h, residual
+
+
+def _norm_params(norm: nn.Module | None, dtype: torch.dtype | None
+                 ) -> tuple[torch.Tensor, float] | None:
+    """An RMSNorm's (weight in ``dtype``, default its own; epsilon)."""
+    if norm is None:
+        return None
+    w = norm.weight.data
+    return (w if dtype is None or w.dtype == dtype else w.to(dtype)), float(norm.variance_epsilon)
+
+
+def linear_bias(linear: nn.Module) -> torch.Tensor | None:
+    """The bias the layer's own forward adds (``LinearBase.forward``: not when
+    ``skip_bias_add``; RowParallelLinear: rank 0 only, and the walk runs without TP)."""
+    if getattr(linear, "skip_bias_add", False):
+        return None
+    return getattr(linear, "bias", None)
+
+
+def module_linear(module: nn.Module, dtype: torch.dtype | None = None
+                  ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A linear layer through its own ``quant_method`` with its bias (what its forward
+    computes without tensor parallelism), taking and returning ``dtype`` (default: as
+    given; else converted to the layer's own dtype and back)."""
+    method, bias = module.quant_method, linear_bias(module)
+    own = getattr(module, "params_dtype", None) or \
+        getattr(getattr(module, "weight", None), "dtype", None)
+
+    if dtype is None or own is None or own == dtype:
+        return lambda x: method.apply(module, x, bias)
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return method.apply(module, x.to(own), bias).to(dtype)
+
+    return linear
 
 
 def _cpu_kernels_available(model: nn.Module) -> bool:

@@ -32,6 +32,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
         out["draft_exit_threshold"] = ex.threshold
     out["describe"] = d.proposer.describe()
     out.update(d.proposer.report())
+    if getattr(d, "low_bit", None) is not None:
+        out.update(d.low_bit.report())
     gate = getattr(d, "gate", None)
     if gate is not None:
         out["cost_gate"] = {

@@ -134,6 +134,16 @@ class PluginDrafter:
         self._phase_changes = 0
         self.evidence: dict[str, str] = {}  # req_id -> evidence class of its pending draft
         self.drafting = True  # tools switch drafting off to time plain decoding (control.py)
+        # key draft_weights: low-bit copies of the linear layers, made while vLLM loads the
+        # model (P8), chosen per shape in load_model (draft_weights.py)
+        self.low_bit: Any = None
+        self.capture: Any = None
+        if self.proposer.uses_target and opts.get("draft_weights", "full") != "full":
+            from vllm_selfspec.draft_weights import WeightCapture
+            from vllm_selfspec.proposers.low_bit import allowed_formats
+
+            self.capture = WeightCapture(allowed_formats(opts["draft_weights"]))
+            patches.capture_weights(self.capture)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us
         patches.patch_top_k_empty()
@@ -162,6 +172,15 @@ class PluginDrafter:
                 if isinstance(meta.get("model"), dict):
                     check_stamp("skip mask", self.opts["mask"].get("source", ""),
                                 ModelStamp.from_json(meta["model"]), live, SEARCH_REMEDY)
+        if self.capture is not None:
+            from vllm_selfspec import patches
+            from vllm_selfspec.draft_weights import LowBitDraft
+
+            patches.capture_weights(None)
+            self.low_bit = LowBitDraft(self.adapter, self.opts["draft_weights"], self.capture,
+                                       stamp.vocab_size)
+            self.capture = None
+            logger.info("vllm_selfspec: %s", self.low_bit.describe())
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any,
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
@@ -175,10 +194,11 @@ class PluginDrafter:
         if self.view is None and (self.proposer.uses_target or self.proposer.uses_hidden_states):
             from vllm_selfspec.target import HiddenStateView, TargetView
 
-            view_cls = TargetView if self.proposer.uses_target else HiddenStateView
-            self.view = view_cls(runner, self.adapter)
-            if hasattr(self.view, "draft_pass"):
+            if self.proposer.uses_target:
+                self.view = TargetView(runner, self.adapter, self.low_bit)
                 self.view.draft_pass = self.draft_pass
+            else:
+                self.view = HiddenStateView(runner, self.adapter)
             self.proposer.bind(self.view)
             if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
                 self.proposer.artifact_saver = self._save_mask  # one rank writes the file
@@ -243,9 +263,11 @@ class PluginDrafter:
         proposal = safe_propose(self.proposer, batch)
         seconds = time.perf_counter() - t0
         stall = self._compile_seconds() - compiled if watch else 0.0
+        stall += proposal.excluded_seconds
         if stall > 0 and self.gate is not None:
-            # this step compiled the draft pass (control.set_compile_walks): a one-off stall that
-            # is neither what a draft token costs nor what verifying one costs
+            # this step compiled the draft pass (control.set_compile_walks), or the proposer did
+            # other work (SWIFT's optimization step): neither what a draft token costs nor
+            # what verifying one costs
             self.gate.skip_timing()
         self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed)
         if proposal.evidence is not None and self.gate is not None:

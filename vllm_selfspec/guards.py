@@ -76,10 +76,12 @@ def v2_runner_reason(engine_args: Any) -> str | None:
 
 
 def check_supported(method: Method, engine_args: Any, model_config: Any, parallel_config: Any,
-                    proposer: Any, core: dict[str, Any] | None = None) -> None:
+                    proposer: Any, core: dict[str, Any] | None = None,
+                    opts: dict[str, Any] | None = None) -> None:
     """Raise SelfSpecConfigError naming the first unsupported feature of ``proposer``
     (a ``proposers.base.Proposer`` class); ``core``: the vLLM keys of the speculative
-    config (default: ``engine_args.speculative_config``)."""
+    config (default: ``engine_args.speculative_config``); ``opts``: the plugin's validated
+    keys."""
     uses_target_layers = bool(getattr(proposer, "uses_target", False))
     uses_states = bool(getattr(proposer, "uses_hidden_states", False))
     reads_target = uses_target_layers or uses_states
@@ -127,6 +129,13 @@ def check_supported(method: Method, engine_args: Any, model_config: Any, paralle
                 getattr(model_config, "has_inner_state", False):
             raise _fail(method, "hybrid/recurrent models (more than one KV-cache group)",
                         "Use a model whose layers all use full attention, or method 'ngrammys'.")
+        weights = (opts or {}).get("draft_weights", "full")
+        quantized = getattr(model_config, "quantization", None)
+        if weights != "full" and quantized:
+            raise _fail(method, f"draft_weights={weights!r} on a quantized model "
+                        f"(quantization={quantized!r})",
+                        "Its low-bit copies are made from unquantized weights; use "
+                        "draft_weights \"full\".")
         kinds = _layer_types(model_config.hf_config)
         if len(kinds) > 1:
             raise _fail(method, f"models mixing attention kinds {sorted(kinds)} (more than one "

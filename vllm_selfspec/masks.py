@@ -27,11 +27,16 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
         logger.info("vllm_selfspec: using skip mask %s", mask.describe())
         return mask
     cached = artifact_path("masks", info.stamp)
+    weights = opts.get("draft_weights", "full")
     if cached is not None and cached.exists():
         mask = parse_mask(str(cached), info.num_layers, info.stamp)
-        logger.info("vllm_selfspec: no skip_mask given; using the searched mask cached for this "
-                    "model: %s", mask.describe())
-        return mask
+        searched_for = mask.metadata.get("draft_weights", "full")
+        if searched_for == weights:
+            logger.info("vllm_selfspec: no skip_mask given; using the searched mask cached for "
+                        "this model: %s", mask.describe())
+            return mask
+        logger.info("vllm_selfspec: the searched mask cached for this model (%s) was searched "
+                    "for draft_weights %r, not %r: not used", cached, searched_for, weights)
     mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
     logger.info("vllm_selfspec: no skip_mask given and no searched mask cached for this model; "
                 "using the uniform mask (%s). A searched mask placed at %s is used instead.",

@@ -33,6 +33,11 @@ P7  vllm.triton_utils.dispatcher._rebind_kernels (vLLM 0.32 on CPU): the CPU wor
     later in that process failed at start-up with ``AttributeError: '_lib_fn_wrapper' object
     has no attribute 'get'``. The scan now runs with such foreign modules (not vLLM's: they
     hold no vLLM kernel) out of ``sys.modules``.
+P8  UnquantizedLinearMethod.process_weights_after_loading: while a drafter that drafts
+    through low-bit weights (key ``draft_weights``) is being set up, hand each linear
+    layer's loaded float weight to it first (``capture_weights``). On CPU vLLM packs the
+    weight for oneDNN and drops the float tensor (linear.py:206-216,
+    layers/utils.py:519-590), so the low-bit copy must be made before that.
 """
 
 from __future__ import annotations
@@ -367,3 +372,34 @@ def patch_kernel_rebind() -> bool:
 
     dispatcher._rebind_kernels = _mark(_rebind_kernels)
     return True
+
+
+# --------------------------------------------------------------------------- P8
+_weight_capture: list[Callable[[Any], None]] = []  # the hook of the drafter being loaded
+
+
+def capture_weights(hook: Callable[[Any], None] | None) -> None:
+    """P8: call ``hook(layer)`` with every unquantized linear layer, its float weight
+    still loaded, before vLLM processes it (None: stop). Set by the drafter's constructor,
+    which vLLM runs before it loads the model (gpu_model_runner.py:603, 5073)."""
+    _weight_capture.clear()
+    if hook is not None:
+        _weight_capture.append(hook)
+        patch_weight_capture()
+
+
+def patch_weight_capture() -> None:
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    orig = UnquantizedLinearMethod.process_weights_after_loading
+    if _marked(orig):
+        return
+    _check_params(orig, ["self", "layer"], "UnquantizedLinearMethod.process_weights_after_loading")
+
+    @functools.wraps(orig)
+    def process_weights_after_loading(self: Any, layer: Any) -> None:
+        for hook in _weight_capture:
+            hook(layer)
+        return orig(self, layer)
+
+    UnquantizedLinearMethod.process_weights_after_loading = _mark(process_weights_after_loading)

@@ -145,7 +145,7 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     cls = proposer_class(method)
     from vllm_selfspec.guards import check_supported
 
-    check_supported(method, engine_args, model_config, parallel_config, cls, core)
+    check_supported(method, engine_args, model_config, parallel_config, cls, core, opts)
     opts = _prepare(method, opts, core, model_config)
     opts["writes_target_kv"] = bool(cls.writes_target_kv)
     engine_args.additional_config = {**(engine_args.additional_config or {}), PLUGIN_KEY: opts}

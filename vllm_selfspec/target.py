@@ -19,14 +19,19 @@ writing into the target's own paged KV cache:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from vllm_selfspec.adapters import PreNormDecoderAdapter, UnsupportedModelError
+from vllm_selfspec.adapters import (
+    DirectWalk,
+    PreNormDecoderAdapter,
+    UnsupportedModelError,
+    module_linear,
+)
 from vllm_selfspec.proposers.base import ContextWindow
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
@@ -45,7 +50,8 @@ class DraftPass:
 
 
 class TargetView:
-    def __init__(self, runner: Any, adapter: PreNormDecoderAdapter) -> None:
+    def __init__(self, runner: Any, adapter: PreNormDecoderAdapter,
+                 low_bit: Any = None) -> None:
         from vllm.v1.worker.utils import AttentionGroup
 
         self.runner = runner
@@ -79,7 +85,17 @@ class TargetView:
                        "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
                        "compiles": 0, "compile_seconds": 0.0}
         self.draft_pass = DraftPass()  # the drafter puts its own here (drafter.py)
+        self.low_bit = low_bit  # draft_weights.LowBitDraft (key draft_weights), or None
         self._walks: dict[tuple[frozenset[int], frozenset[int]], Any] = {}
+        # the direct walk (adapters.DirectWalk) where it runs: on CPU with vLLM's kernels
+        # and a model it supports; built here, not in a timed draft step
+        self._direct_why = DirectWalk.supported(adapter)
+        self._direct: DirectWalk | None = None
+        if self._direct_why is None:
+            if low_bit is not None:
+                self._direct = DirectWalk(adapter, low_bit.linear, low_bit.walk_dtype)
+            else:
+                self._direct = DirectWalk(adapter, module_linear, adapter.embed_weight.dtype)
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)
 
     def begin_step(self, common_attn_metadata: Any) -> None:
@@ -136,12 +152,14 @@ class TargetView:
         write = {names[i]: slots for i in range(self.num_layers) if i not in mask.attention}
         with set_forward_context(md, self.vllm_config, num_tokens=int(rows.numel()),
                                  slot_mapping=write):
-            hidden = walk(self.adapter.embed(tokens.long()), positions)
+            embedded = self.adapter.embed(tokens.long())
+            direct = None if compiled else self.direct()
+            hidden = (direct.run(embedded, positions, mask.attention, mask.mlp, md, write)
+                      if direct is not None else walk(embedded, positions))
         # a draft vocabulary's LM-head rows [N, H] (proposers.draft_vocab), else the model's
         # own head over the full vocabulary
         hidden = hidden[:n]
-        logits = (self.adapter.logits(hidden) if head is None
-                  else self.adapter.subset_logits(hidden, head))
+        logits = self._logits(hidden, head)
         seconds = time.perf_counter() - t0
         if fresh:  # this call compiled the walk: a one-off, not the draft pass's cost
             self.timing["compiles"] += 1
@@ -151,6 +169,28 @@ class TargetView:
         self.timing["draft_rows"] += n
         self.timing["draft_seconds"] += seconds
         return logits
+
+    def direct(self) -> DirectWalk | None:
+        """The direct walk, unless vLLM's kernels are switched off for the draft pass
+        (``DraftPass.draft_kernels``, to measure the native forms) or it cannot run here."""
+        return self._direct if self.draft_pass.draft_kernels else None
+
+    def prepare_head(self, head: torch.Tensor) -> None:
+        """A draft vocabulary's head rows [N, H] will draft: make their low-bit copy now."""
+        if self.low_bit is not None:
+            self.low_bit.prepare_subset(head)
+
+    def _logits(self, hidden: torch.Tensor, head: torch.Tensor | None) -> torch.Tensor:
+        """The draft's logits: over the full vocabulary, or over a draft vocabulary's head
+        rows ``head`` [N, H]; through their low-bit copy where ``draft_weights`` chose one."""
+        low = self.low_bit
+        if low is not None:
+            out = low.logits(hidden) if head is None else low.subset_logits(hidden, head)
+            if out is not None:
+                return out
+        hidden = hidden.to(self.adapter.embed_weight.dtype)  # a bfloat16 walk's
+        return self.adapter.logits(hidden) if head is None \
+            else self.adapter.subset_logits(hidden, head)
 
     def _walk(self, mask: SkipMask, settled: bool) -> tuple[Any, bool, bool]:
         """(the sub-layer walk of ``mask``, whether it is compiled, whether this call
@@ -172,14 +212,22 @@ class TargetView:
         kernels = self.adapter.kernels
         return kernels if self.draft_pass.draft_kernels and len(kernels) else None
 
+    def _passes(self) -> contextlib.ExitStack:
+        """The draft pass's swaps, for the walk and the scoring pass: vLLM's fused CPU
+        kernels (``_kernels``) and the low-bit linear layers (``draft_weights``)."""
+        stack = contextlib.ExitStack()
+        kernels = self._kernels()
+        if kernels is not None:
+            stack.enter_context(kernels.active())
+        if self.low_bit is not None:
+            stack.enter_context(self.low_bit.active())
+        return stack
+
     def _eager_walk(self, mask: SkipMask) -> Any:
         adapter, attention, mlp = self.adapter, mask.attention, mask.mlp
-        kernels = self._kernels()
-        if kernels is None:
-            return lambda h, p: adapter.run(h, p, attention, mlp)
 
         def walk(h: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-            with kernels.active():
+            with self._passes():
                 return adapter.run(h, p, attention, mlp)
 
         return walk
@@ -230,12 +278,11 @@ class TargetView:
         # custom ops run torch.compile'd when called eagerly, and compiling them for the
         # scoring pass's shapes took 0.4-1.8 s at the first optimization step (SWIFT's
         # budget, issue 15: a stream's whole share)
-        kernels = self._kernels()
         with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}), \
-                (kernels.active() if kernels is not None else nullcontext()):
+                self._passes():
             hidden = self.adapter.run_per_token(self.adapter.embed(inputs.repeat(nc)),
                                                 positions.repeat(nc), keep_a, keep_m)
-        pred = self.adapter.logits(hidden).argmax(dim=-1).view(nc, tw)
+        pred = self._logits(hidden, None).argmax(dim=-1).view(nc, tw)
         self.timing["score_calls"] += 1
         self.timing["score_tokens"] += nc * tw
         self.timing["score_seconds"] += time.perf_counter() - t0

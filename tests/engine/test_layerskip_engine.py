@@ -40,7 +40,8 @@ def test_greedy_identical_with_the_default_exit(model_path, eval_prompts, refere
 @pytest.fixture(scope="module")
 def full_exit(model_path):
     llm = make_llm(model_path, speculative_config={
-        "method": "layerskip", "exit_layer": 30, "num_speculative_tokens": 4, "cost_gate": False})
+        "method": "layerskip", "exit_layer": 30, "num_speculative_tokens": 4, "cost_gate": False,
+        "draft_weights": "full"})  # the draft is the target itself
     yield llm
     shutdown(llm)
 

@@ -37,7 +37,8 @@ def empty_engine(model_path):
     llm = make_llm(model_path,
                    speculative_config={"method": "selfspec", "num_speculative_tokens": 4,
                                        "skip_mask": EMPTY, "cost_gate": False,
-                                       "draft_vocab": 4096})
+                                       "draft_vocab": 4096,
+                                       "draft_weights": "full"})  # the draft is the target
     llm.collective_rpc(control.set_draft_vocab, args=(0,))
     yield llm
     shutdown(llm)

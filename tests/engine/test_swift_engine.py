@@ -47,7 +47,7 @@ def test_greedy_identical_while_optimizing_and_after(model_path, eval_prompts, r
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 6, "context_window": 16, "bayes_interval": 5,
         "max_tolerance_iter": 15, "cost_gate": False, "mask_cache": str(mask_file),
-        "optimization_budget": 1.0})
+        "optimization_budget": 1.0, "skip_ratio": 0.45})
     try:
         outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         st = stats(llm)
@@ -90,7 +90,8 @@ def empty_start(model_path, tmp_path_factory):
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 4, "context_window": 16,
         "skip_mask": {"attention": [], "mlp": []}, "cost_gate": False, "mask_cache": str(cache),
-        "reoptimize_drop": 0.0, "optimization_budget": 1.0})
+        "reoptimize_drop": 0.0, "optimization_budget": 1.0,
+        "draft_weights": "full"})  # the draft is the target itself
     yield llm
     shutdown(llm)
 

@@ -34,6 +34,28 @@ def test_llm_style_engine_args(model_path):
     assert opts["model_stamp"]["num_layers"] == 30 and opts["model_stamp"]["fingerprint"]
 
 
+def test_a_cached_mask_is_used_only_for_the_draft_weights_it_was_searched_for(
+        model_path, tmp_path, monkeypatch):
+    """A searched mask cached for this model (tools/search_mask.py --install) records the
+    draft_weights its search scored; an engine drafting through other weights uses the
+    uniform mask instead (a mask searched for the full-precision pass skips what a low-bit
+    pass need not)."""
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.artifacts import artifact_path
+
+    monkeypatch.setenv("VLLM_SELFSPEC_CACHE", str(tmp_path))
+    stamp = stamp_from_path(model_path)
+    dest = artifact_path("masks", stamp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({"attention": [3], "mlp": [5], "metadata": {
+        "model": stamp.to_json(), "draft_weights": "full"}}))
+    full = _config(model_path, {"method": "selfspec", "draft_weights": "full"})
+    assert full.additional_config[PLUGIN_KEY]["mask"]["attention"] == [3]
+    low = _config(model_path, {"method": "selfspec", "draft_weights": "w8a8"})
+    mask = low.additional_config[PLUGIN_KEY]["mask"]
+    assert mask["source"].startswith("uniform") and mask["attention"] == []
+
+
 def test_async_engine_args_and_cli_flag(model_path):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -268,7 +290,7 @@ def test_mixed_attention_refuses_layer_skip_but_not_ngrammys(model_path):
         assert "or method 'ngrammys'" in msg
 
 
-def _guard(method_name, engine=None, model=None, parallel=None, core=None):
+def _guard(method_name, engine=None, model=None, parallel=None, core=None, opts=None):
     """check_supported on plain namespaces (no vLLM config): the guard alone."""
     from types import SimpleNamespace as NS
 
@@ -286,7 +308,17 @@ def _guard(method_name, engine=None, model=None, parallel=None, core=None):
                         "speculative_config": {}, "async_scheduling": None,
                         "watermark_config": None, "attention_config": None, **(engine or {})})
     par = NS(**{"pipeline_parallel_size": 1, "tensor_parallel_size": 1, **(parallel or {})})
-    check_supported(method, engine_args, model_cfg, par, proposer_class(method), core)
+    check_supported(method, engine_args, model_cfg, par, proposer_class(method), core, opts)
+
+
+def test_low_bit_draft_weights_are_refused_on_a_quantized_model():
+    for method in ("selfspec", "swift", "layerskip"):
+        with pytest.raises(SelfSpecConfigError, match="draft_weights='int8' on a quantized "
+                           "model \\(quantization='awq'\\)") as e:
+            _guard(method, model={"quantization": "awq"}, opts={"draft_weights": "int8"})
+        assert 'use draft_weights "full"' in str(e.value) and "\n" not in str(e.value)
+        _guard(method, model={"quantization": "awq"}, opts={"draft_weights": "full"})
+        _guard(method, model={"quantization": None}, opts={"draft_weights": "int8"})
 
 
 GUARDS = {  # feature -> (guard arguments, message fragment, methods it refuses)

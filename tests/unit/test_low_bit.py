@@ -1,0 +1,131 @@
+"""Low-bit draft weights (key draft_weights): quantized copies, their kernels and the
+per-shape kernel table (proposers/low_bit.py)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm_selfspec import methods
+from vllm_selfspec.proposers.low_bit import (
+    DRAFT_WEIGHTS,
+    KernelTable,
+    allowed_formats,
+    kernels_available,
+    low_bit_forms,
+    measure_shape,
+    quantize,
+    quantize_int8,
+)
+
+CPU = torch.device("cpu")
+
+
+def _weight(n=96, k=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def _rel_err(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_int8_is_symmetric_per_row():
+    w = _weight()
+    lin = quantize_int8(w)
+    assert lin.packed.dtype == torch.int8 and lin.packed.shape == w.shape
+    assert int(lin.packed.abs().max()) == 127  # each row's largest weight maps to ±127
+    back = lin.packed.float() * lin.scales.float()[:, None]
+    assert _rel_err(back, w) < 0.01
+    assert lin.nbytes == w.numel() + 2 * w.shape[0]  # a quarter of float32, plus bf16 scales
+
+
+def _vllm_cpu_ops() -> bool:
+    """vLLM's CPU kernels (w8a8) register with ``vllm._custom_ops``; a GPU build has none."""
+    try:
+        import vllm._custom_ops  # noqa: F401
+    except ImportError:
+        return False
+    return kernels_available("w8a8", CPU)
+
+
+@pytest.mark.parametrize("fmt,bound", [("int8", 0.02), ("w8a8", 0.03), ("int4", 0.15)])
+def test_low_bit_linear_computes_the_layer(fmt, bound):
+    if fmt == "w8a8" and not _vllm_cpu_ops():
+        pytest.skip("w8a8 runs vLLM's CPU kernel: not in this vLLM build")
+    if not kernels_available(fmt, CPU):
+        pytest.skip(f"no {fmt} kernel in this torch build")
+    w, x, b = _weight(), torch.randn(3, 64), torch.randn(96)
+    lin = quantize(w, fmt)
+    y = lin(x, b)
+    assert y.dtype == x.dtype and y.shape == (3, 96)
+    ref = F.linear(x, w, b)
+    assert _rel_err(y, ref) < bound
+    # a wrong weight is far off: the check can fail
+    assert _rel_err(quantize(_weight(seed=1), fmt)(x, b), ref) > 0.3
+
+
+def test_low_bit_linear_keeps_leading_dims_and_dtype():
+    lin = quantize_int8(_weight())
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    assert lin(x).shape == (2, 5, 96) and lin(x).dtype == torch.bfloat16
+
+
+def test_int4_needs_whole_groups():
+    if not kernels_available("int4", CPU):
+        pytest.skip("no int4 kernel")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize(_weight(k=48), "int4")
+    assert "int4" not in low_bit_forms(_weight(k=48), ["int8", "int4"])
+    assert "int8" in low_bit_forms(_weight(k=48), ["int8", "int4"])
+
+
+def test_allowed_formats_cascade():
+    assert allowed_formats("full") == ("full",)
+    assert allowed_formats("int8") == ("full", "int8")
+    assert allowed_formats("w8a8") == ("full", "int8", "w8a8")
+    assert allowed_formats("int4") == DRAFT_WEIGHTS
+    with pytest.raises(ValueError, match="one of"):
+        allowed_formats("int2")
+
+
+def test_kernel_table_chooses_the_fastest_measured_format(tmp_path):
+    t = KernelTable("cpu | torch x | float32")
+    t.times["576x1536"] = {"full": 100.0, "int8": 40.0, "w8a8": 20.0}
+    t.times["1536x576"] = {"full": 30.0, "int8": 50.0}
+    assert t.choose(1536, 576, ["int8", "w8a8"]) == "w8a8"
+    assert t.choose(1536, 576, ["int8"]) == "int8"
+    assert t.choose(576, 1536, ["int8"]) == "full"  # slower than the target's own: stays full
+    assert t.choose(7, 7, ["int8"]) == "full"  # never measured: full
+    t.save(tmp_path / "k.json")
+    back = KernelTable.load(tmp_path / "k.json")
+    assert back.times == t.times and back.machine == t.machine
+    (tmp_path / "bad.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="not a kernel table"):
+        KernelTable.load(tmp_path / "bad.json")
+
+
+def test_measure_shape_times_every_form():
+    w = _weight()
+    forms = low_bit_forms(w, ["int8"])
+    w2 = _weight(seed=2)
+    out = measure_shape([lambda x: F.linear(x, w), lambda x: F.linear(x, w2)],
+                        [forms, low_bit_forms(w2, ["int8"])], 64, torch.float32, CPU,
+                        min_seconds=0.001)
+    assert set(out) == {"full", "int8"} and all(v > 0 for v in out.values())
+    # a format only some layers of the shape have is not timed
+    out = measure_shape([lambda x: F.linear(x, w)] * 2, [forms, {}], 64, torch.float32, CPU,
+                        min_seconds=0.001)
+    assert set(out) == {"full"}
+
+
+@pytest.mark.parametrize("method", ["selfspec", "swift", "layerskip"])
+def test_key_is_validated(method):
+    _, _, opts = methods.split_config({"method": method, "draft_weights": "int8"})
+    assert opts["draft_weights"] == "int8"
+    with pytest.raises(methods.SelfSpecConfigError, match="draft_weights"):
+        methods.split_config({"method": method, "draft_weights": "int3"})
+
+
+def test_key_is_refused_where_nothing_drafts_through_layers():
+    with pytest.raises(methods.SelfSpecConfigError, match="unknown key 'draft_weights'"):
+        methods.split_config({"method": "ngrammys", "draft_weights": "int8"})
