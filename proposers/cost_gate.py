@@ -68,7 +68,8 @@ class CostGateConfig:
     prior_accept: float = 0.5  # Beta prior mean of a_i ...
     prior_weight: float = 2.0  # ... worth this many observations
     forget: float = 0.995  # acceptance counts decay by this per verification
-    timing_weight: float = 0.1  # EMA weight of a new draft-time sample
+    timing_weight: float = 0.1  # EMA weight of a new draft-time sample (after 1/it samples:
+    # before, the mean of the samples so far, so one slow first call is not worth ten)
     ucb: float = 1.0  # standard deviations of optimism on a_i
     margin: float = 0.02  # draft when the predicted rate beats plain by this share
     warmup_steps: int = 4  # plain steps before the first probe (to know t0)
@@ -77,7 +78,16 @@ class CostGateConfig:
     # ... and never sooner than a probe's predicted loss (in plain steps) over this share:
     # probing costs about this share of the time where drafting cannot win
     probe_budget: float = 0.005
+    # ... except the first early_probes probes of a class, which wait only the doubling clock:
+    # a class judged on one or two drafts (a rejected probe, a slow first call) waited
+    # hundreds of steps for its next chance
+    early_probes: int = 4
     history: int = 4096  # decisions kept for plots (step, drafts, predicted gain)
+    # while every class decodes plainly and nothing but plain step times came in, the
+    # decision is taken again only every plain_recheck steps (and at a probe): planning
+    # costs ~0.2 ms of Python, 1% of a plain step on 2 cores, on every step of a method
+    # that cannot win
+    plain_recheck: int = 8
     # plain probes: while drafting is predicted to win by less than reverse_below, a step
     # decodes plainly when the last timed plain step is reverse_every steps old, so that a
     # and o (StepFit) stay apart (at most (gain - 1) / 32 of the time)
@@ -106,6 +116,8 @@ class _Evidence:
     next_probe: int
     limit: int = 0  # drafts this step (plan())
     c_draft: float | None = None  # seconds per draft token, where the proposer timed it
+    c_samples: int = 0
+    probes: int = 0  # probe steps so far
 
 
 @dataclass
@@ -305,6 +317,7 @@ class CostGate:
                            c.fit_overhead_prior)  # step seconds vs tokens
         self.table = StepTable(c.table_forget, c.table_age, c.table_prior)  # ... its shape
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
+        self.c_samples = 0
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
@@ -313,6 +326,8 @@ class CostGate:
         self.last_plain = 0  # step of the last timed plain step
         self.plain_probes = 0
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
+        self._plain_until = -1  # plan() may answer 0 without deciding before this step
+        self._plain_batch = 0
         self._evidence("")
 
     def _evidence(self, name: str) -> _Evidence:
@@ -335,8 +350,11 @@ class CostGate:
         return name != "" or len(self.classes) == 1 or self.accept[0].tries > 0
 
     # ---- measurements ----------------------------------------------------------------------
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.cfg.timing_weight * (new - old)
+    def _ema(self, old: float | None, new: float, samples: int) -> float:
+        """A draft-time estimate after its ``samples``-th sample ``new``."""
+        if old is None:
+            return new
+        return old + max(self.cfg.timing_weight, 1.0 / samples) * (new - old)
 
     def record(self, now: float, decode_only: bool, verified: int, requests: int = 1) -> None:
         """Start of a drafting call: the step that just ran had ``requests`` requests and
@@ -390,17 +408,22 @@ class CostGate:
         per evidence class the proposer timed itself, (its tokens, its seconds), which
         are taken out of the call's before the rest is shared by the other tokens."""
         self.last_draft_seconds = seconds
+        if tokens > 0:
+            self._plain_until = -1
         for name, (n, secs) in (timed or {}).items():
             if n > 0:
                 e = self._evidence(name)
-                e.c_draft = self._ema(e.c_draft, secs / n)
+                e.c_samples += 1
+                e.c_draft = self._ema(e.c_draft, secs / n, e.c_samples)
             tokens, seconds = tokens - n, seconds - secs
         if tokens > 0:
-            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / tokens)
+            self.c_samples += 1
+            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / tokens, self.c_samples)
 
     def observe(self, drafted: int, accepted: int, evidence: str = "") -> None:
         """One verification of a draft of class ``evidence``: positions 0..drafted-1 were
         tried in order, ``accepted`` kept. Every class's counts age by one verification."""
+        self._plain_until = -1
         f = self.cfg.forget
         for e in self.classes.values():
             for b in e.accept:
@@ -491,6 +514,11 @@ class CostGate:
         little: without plain steps a step line fitted only to drafted steps takes what
         drafting adds to a step for part of the plain step, and overrates drafting)."""
         self.batch = max(1, int(n))
+        if self.steps < self._plain_until and self.batch == self._plain_batch and \
+                all(self.steps < e.next_probe for e in self.classes.values()):
+            if len(self.history) < self.cfg.history:
+                self.history.append((self.steps, 0, self.history[-1][2] if self.history else 1.0))
+            return 0
         top, top_gain = 0, 1.0
         warm = self.fit.ready and self.steps > self.cfg.warmup_steps
         costs = self.step_costs(self.batch) if warm else None  # once a step
@@ -505,8 +533,10 @@ class CostGate:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
                     d = self._probe_length(name, costs)
-                    e.next_probe = self.steps + max(e.probe_every,
-                                                    self._probe_wait(name, d, costs))
+                    e.probes += 1
+                    wait = 0 if e.probes <= self.cfg.early_probes else \
+                        self._probe_wait(name, d, costs)
+                    e.next_probe = self.steps + max(e.probe_every, wait)
                     e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
             e.limit = d
             if self._counts(name):
@@ -520,6 +550,10 @@ class CostGate:
                 e.limit = 0
         if len(self.history) < self.cfg.history:
             self.history.append((self.steps, top, round(top_gain, 4)))
+        if warm and top == 0 and all(e.c_draft is not None or self.c_draft is not None
+                                     for e in self.classes.values()):
+            self._plain_until = self.steps + c.plain_recheck
+            self._plain_batch = self.batch
         return top
 
     def _probe_length(self, evidence: str, costs: list[float] | None) -> int:

@@ -26,13 +26,13 @@ def measured(gate: CostGate, a: float, b: float, upto: int = 64) -> CostGate:
 
 
 def simulate(gate, steps, draft_cost, accept, t0=0.05, verify_cost=0.03, prefill_every=0,
-             seed=0, overhead=0.0):
+             seed=0, overhead=0.0, start=0.0):
     """Engine steps on a fake clock. ``draft_cost`` and ``verify_cost`` are per token in
     plain steps, ``overhead`` what a step that verifies drafts costs beyond its tokens;
     each draft position is accepted with probability ``accept`` while the ones before it
     were. Returns (seconds, tokens, drafts per step)."""
     rng = random.Random(seed)
-    now, tokens, plan, seconds_drafting = 0.0, 0, [], 0.0
+    now, tokens, plan, seconds_drafting = start, 0, [], 0.0
     verified, prefill = 0, False
     for t in range(steps):
         gate.record(now, decode_only=not prefill, verified=verified)  # the step that just ran
@@ -107,17 +107,33 @@ def test_probes_back_off_while_plain_wins():
     assert gaps[-1] == 64 and gaps[0] < 16
 
 
+def test_a_good_drafter_judged_on_one_bad_first_probe_gets_its_next_chance_soon():
+    """A low-bit self-draft (0.4 steps a token, 95% accepted) whose first probe was rejected
+    and slow (the bench's first drafts after another engine's turn): the early probes come
+    on the doubling clock, so the gate drafts within ~70 steps, not after hundreds."""
+    gate = CostGate(k=8)
+    gate.drafted(2, 2 * 0.1)  # a first draft of two tokens at two steps a token ...
+    gate.observe(2, 0)  # ... rejected
+    _, tokens, plan = simulate(gate, 400, draft_cost=0.4, accept=0.95, t0=0.05)
+    first = next(i for i, x in enumerate(plan) if x > 2)  # (with the loss-based wait from
+    assert first < 100  # the first probe on, this gate had not drafted after 400 steps)
+    assert sum(x > 0 for x in plan[-100:]) > 90
+
+
 def test_a_dear_probe_waits_for_its_budget():
     """selfspec on 2 cores: a draft token costs a decode step and a third is accepted, so a
-    probe loses ~0.7-1.7 plain steps. After the first probes (which learn the draft cost)
-    probes come >= 100 steps apart, so they cost about ``probe_budget`` of the time. The
+    probe loses ~0.7-1.7 plain steps. After the first ``early_probes`` probes (which learn
+    the draft cost and acceptance on the doubling clock) probes come >= 100 steps apart, so
+    they cost about ``probe_budget`` of the time. The
     doubling clock alone restarts at 8 steps whenever drafting looked like winning for a
     step (a noisy plain step; selfspec's bench run on MT-bench: 6 probes in 250 steps
     after one such step at step 328)."""
     gate = CostGate(k=4, cfg=CostGateConfig(probe_budget=0.005))
     seconds, tokens, plan = simulate(gate, 900, draft_cost=1.0, accept=0.33)
     probes = [i for i, d in enumerate(plan) if d]
-    assert min(b - a for a, b in zip(probes[1:], probes[2:])) > 100
+    early = gate.cfg.early_probes + 1  # the warm-up's first probe, then the early ones
+    assert max(b - a for a, b in zip(probes[:early], probes[1:early])) <= 64
+    assert min(b - a for a, b in zip(probes[early:], probes[early + 1:])) > 100
     assert rate(seconds, tokens) >= 0.99 * 20.0
     gate.classes[""].probe_every = gate.cfg.probe_every  # drafting looked like winning
     gate.classes[""].next_probe = gate.steps
@@ -373,3 +389,21 @@ def test_the_step_table_cuts_chains_where_more_tokens_cost_a_jump():
         rate_line, _ = shaped(CostGate(k=8, cfg=CostGateConfig(table_prior=1e12)), 1500,
                               accept, seed=seed)
         assert sum(d == 5 for d in plan[-500:]) > 450 and rate_ > 1.05 * rate_line
+
+
+def test_a_gate_that_keeps_plain_decides_again_only_every_few_steps():
+    """Planning is ~0.2 ms of Python; a method that cannot win pays it on every step. While
+    every class decodes plainly and only plain step times come in, the full decision runs
+    every ``plain_recheck`` steps and at each probe (the decisions are the same)."""
+    gate = CostGate(k=6)
+    end, _, _ = simulate(gate, 300, draft_cost=0.46, accept=0.05)
+    calls = []
+    best = gate.best
+    gate.best = lambda *a, **kw: calls.append(1) or best(*a, **kw)
+    _, _, plan = simulate(gate, 400, draft_cost=0.46, accept=0.05, start=end)
+    assert sum(plan) <= 4  # still plain, with its probes
+    assert len(calls) <= 400 / gate.cfg.plain_recheck + 2 * sum(d > 0 for d in plan) + 2
+    fresh = CostGate(k=6, cfg=CostGateConfig(plain_recheck=1))
+    end, _, _ = simulate(fresh, 300, draft_cost=0.46, accept=0.05)
+    _, _, plan_every_step = simulate(fresh, 400, draft_cost=0.46, accept=0.05, start=end)
+    assert sum(x > 0 for x in plan_every_step) == sum(x > 0 for x in plan)
