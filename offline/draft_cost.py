@@ -20,12 +20,15 @@ reads (proposers/expected_speedup.py: CostModel).
     python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary
     python tools/draft_cost.py --compile-draft both --json out.json  # eager vs compiled pass
     python tools/draft_cost.py --draft-kernels both --json out.json  # native ops vs kernels
+    python tools/draft_cost.py --draft-weights full,w8a8 --json out.json  # key draft_weights
 
 Variants (draft vocabulary x draft pass: eager with vLLM's fused CPU kernels, the engine's
 default, ``adapters.DraftKernels``; eager with the native op forms; compiled,
 ``control.set_compile_walks``) are timed interleaved, prompt by prompt, in one engine;
 "fit" and "cost_model" are those of the first draft vocabulary with the last pass
 timed (compiled where timed, else the kernels, else native), "by_variant" holds every one.
+Each ``--draft-weights`` value (fixed at start-up) gets its own engine, one after the
+other; "fit" and "cost_model" are the first value's.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-kernels", choices=("off", "on", "both"), default="on",
                    help="the eager pass with vLLM's fused CPU kernels (on, the engine's "
                         "default), with the native op forms (off), or both")
+    p.add_argument("--draft-weights", default="full",
+                   help="comma list of key draft_weights values (full, int8, w8a8, int4): one "
+                        "engine each, timed one after the other")
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json)")
     return p.parse_args(argv)
@@ -135,13 +141,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engines.shutdown(base)
     del base
 
-    spec = engines.start(path, speculative_config={"method": "selfspec", "num_speculative_tokens": args.k,
-                                         "skip_mask": {"attention": [], "mlp": []},
-                                         "cost_gate": False,
-                                         "draft_vocab": max(vocabs)}, **kw)
-    spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
-    spec.generate(warm, sp, use_tqdm=False)
-    spec.collective_rpc(control.install_step_timer)
     inner = list(range(1, num_layers - 1))
     masks = [(f"kept {f:g}", mask_for_fraction(num_layers, f)) for f in fractions]
     masks += [("no inner attention", {"attention": inner, "mlp": []}),
@@ -150,66 +149,81 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     passes = ([("native" if not k else "kernels") for k in modes[args.draft_kernels]]
               if False in modes[args.compile_draft] else [])
     passes += ["compiled"] if True in modes[args.compile_draft] else []
-    variants = [(n, c) for c in passes for n in vocabs]
+    weights = [w.strip() for w in str(args.draft_weights).split(",") if w.strip()]
+    variants = [(w, n, c) for w in weights for c in passes for n in vocabs]
     rows = []
-    for label, mask in tqdm(masks, desc="draft cost per mask"):
-        spec.collective_rpc(control.set_skip_mask, args=(mask,))
+    verify_k = None
+    for w in weights:
+        spec = engines.start(path, speculative_config={
+            "method": "selfspec", "num_speculative_tokens": args.k,
+            "skip_mask": {"attention": [], "mlp": []}, "cost_gate": False,
+            "draft_vocab": max(vocabs), "draft_weights": w}, **kw)
         spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
-        for c in passes:  # warm this mask (and compile its walk)
-            set_pass(spec, c)
-            spec.generate(warm, sp, use_tqdm=False)
-        # every variant on the same prompt in turn: machine drift hits them alike
-        seconds = {v: 0.0 for v in variants}
-        tokens = {v: 0 for v in variants}
-        for p in timed:
-            for n, c in variants:
+        spec.generate(warm, sp, use_tqdm=False)
+        spec.collective_rpc(control.install_step_timer)
+        mine = [(n, c) for ww, n, c in variants if ww == w]
+        for label, mask in tqdm(masks, desc=f"draft cost per mask ({w})"):
+            spec.collective_rpc(control.set_skip_mask, args=(mask,))
+            spec.collective_rpc(control.set_draft_exit, args=(0.0, False))
+            for c in passes:  # warm this mask (and compile its walk)
                 set_pass(spec, c)
-                spec.collective_rpc(control.set_draft_vocab, args=(n,))
-                spec.collective_rpc(control.reset_stats)
-                spec.generate([p], sp, use_tqdm=False)
-                s = spec.collective_rpc(control.drafter_stats)[0]
-                seconds[(n, c)] += s["draft_seconds"]
-                tokens[(n, c)] += s["draft_rows"]
-        kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
-        for n, c in variants:
-            per_token = seconds[(n, c)] / tokens[(n, c)]
-            rows.append({"mask": label, "draft_vocab": n, "draft_pass": c,
-                         "compiled": c == "compiled",
-                         "kept_fraction": round(kept, 4),
-                         "skipped_attention": len(mask["attention"]),
-                         "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[(n, c)],
-                         "draft_token_s": per_token, "ratio_to_decode_step": per_token / decode_s})
-    fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
-    engines.shutdown(spec)
-    del spec
-    verify_k = fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
+                spec.generate(warm, sp, use_tqdm=False)
+            # every variant on the same prompt in turn: machine drift hits them alike
+            seconds = {v: 0.0 for v in mine}
+            tokens = {v: 0 for v in mine}
+            for p in timed:
+                for n, c in mine:
+                    set_pass(spec, c)
+                    spec.collective_rpc(control.set_draft_vocab, args=(n,))
+                    spec.collective_rpc(control.reset_stats)
+                    spec.generate([p], sp, use_tqdm=False)
+                    st_d = spec.collective_rpc(control.drafter_stats)[0]
+                    seconds[(n, c)] += st_d["draft_seconds"]
+                    tokens[(n, c)] += st_d["draft_rows"]
+            kept = 1.0 - (len(mask["attention"]) + len(mask["mlp"])) / (2 * num_layers)
+            for n, c in mine:
+                per_token = seconds[(n, c)] / tokens[(n, c)]
+                rows.append({"mask": label, "draft_weights": w, "draft_vocab": n,
+                             "draft_pass": c, "compiled": c == "compiled",
+                             "kept_fraction": round(kept, 4),
+                             "skipped_attention": len(mask["attention"]),
+                             "skipped_mlp": len(mask["mlp"]), "draft_tokens": tokens[(n, c)],
+                             "draft_token_s": per_token,
+                             "ratio_to_decode_step": per_token / decode_s})
+        fwd = spec.collective_rpc(control.step_timer)[0]["forward"]
+        engines.shutdown(spec)
+        del spec
+        verify_k = verify_k or fwd.get(args.k + 1) or fwd.get(str(args.k + 1))
     if not verify_k or not forward_1:
         raise SystemExit(f"no plain steps or no verification steps of {args.k} drafts were timed; "
                          "raise --max-tokens")
     v = (verify_k - forward_1) / (args.k * decode_s)
     by_variant: dict[str, Any] = {}
-    for n, c in variants:
-        mine = [r for r in rows if r["draft_vocab"] == n and r["draft_pass"] == c]
+    for w, n, c in variants:
+        mine = [r for r in rows if r["draft_weights"] == w and r["draft_vocab"] == n
+                and r["draft_pass"] == c]
         uniform_rows = [r for r in mine if r["mask"].startswith("kept")]
         a, b = fit_line([r["kept_fraction"] for r in uniform_rows],
                         [r["ratio_to_decode_step"] for r in uniform_rows])
-        by_variant[variant_name(n, c)] = {
-            "draft_vocab": n, "draft_pass": c, "compiled": c == "compiled",
+        by_variant[variant_name(n, c, w)] = {
+            "draft_weights": w, "draft_vocab": n, "draft_pass": c, "compiled": c == "compiled",
             "fit": {"slope": a, "overhead": b, "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
             "cost_model": fit_cost_model(mine, num_layers, v), "uniform_rows": uniform_rows}
-    first = by_variant[variant_name(vocabs[0], passes[-1])]
+    first = by_variant[variant_name(vocabs[0], passes[-1], weights[0])]
     report = {"config": vars(args), "decode_step_s": decode_s, "decode_steps": st["steps"],
               "forward_s": {"1": forward_1, str(args.k + 1): verify_k},
               "rows": rows, "fit": first["fit"], "cost_model": first["cost_model"],
               "by_variant": {n: {k: x for k, x in d.items() if k != "uniform_rows"}
                              for n, d in by_variant.items()}}
     print(f"plain decode step (worker): {1000 * decode_s:.1f} ms over {st['steps']} steps")
-    print("mask                 vocab   pass      kept f   draft token ms   ratio to decode step")
+    print("mask                 weights vocab   pass      kept f   draft token ms   ratio to "
+          "decode step")
     for r in rows:
         vocab = r["draft_vocab"] or "full"
         kind = r["draft_pass"]
-        print(f"{r['mask']:<20} {vocab!s:<6}  {kind:<8}  {r['kept_fraction']:.3f}    "
-              f"{1000 * r['draft_token_s']:8.1f}         {r['ratio_to_decode_step']:.3f}")
+        print(f"{r['mask']:<20} {r['draft_weights']:<7} {vocab!s:<6}  {kind:<8}  "
+              f"{r['kept_fraction']:.3f}    {1000 * r['draft_token_s']:8.1f}         "
+              f"{r['ratio_to_decode_step']:.3f}")
     for n, d in by_variant.items():
         print(f"{n}: {d['fit']['formula']}; cost model {json.dumps(d['cost_model'])}")
     print(f"verifying {args.k} drafts: forward {1000 * verify_k:.1f} ms vs "
@@ -235,9 +249,10 @@ def set_pass(llm: Any, draft_pass: str) -> None:
     llm.collective_rpc(control.set_draft_kernels, args=(draft_pass != "native",))
 
 
-def variant_name(draft_vocab: int, draft_pass: str) -> str:
+def variant_name(draft_vocab: int, draft_pass: str, draft_weights: str = "full") -> str:
     vocab = "full vocabulary" if draft_vocab == 0 else f"draft vocabulary {draft_vocab}"
-    return f"{vocab}, {PASS_NAMES[draft_pass]}"
+    weights = "" if draft_weights == "full" else f"{draft_weights} weights, "
+    return f"{weights}{vocab}, {PASS_NAMES[draft_pass]}"
 
 
 def draw(by_variant: dict[str, Any], path: str) -> None:

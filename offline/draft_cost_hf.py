@@ -27,6 +27,7 @@ GPU machine then needs no model files. Writes the same "fit" / "cost_model" bloc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="drafts verified at once, for the cost of one more verified token")
     p.add_argument("--draft-vocab", default="0,8192",
                    help="comma list of LM-head sizes N (0: the full head)")
+    p.add_argument("--draft-weights", default="full",
+                   help="comma list of key draft_weights values (full, int8, int4): the walk's "
+                        "linear layers and head through low-bit copies (proposers.low_bit)")
     p.add_argument("--passes", default=None,
                    help=f"comma list of {', '.join(PASSES)} (default: every one the device has)")
     p.add_argument("--repeats", type=int, default=50, help="calls per timing")
@@ -78,6 +82,7 @@ def draw_report(report: dict[str, Any], path: str) -> None:
     for i, (name, d) in enumerate(report["by_variant"].items()):
         pts = sorted((r["kept_fraction"], r["ratio_to_decode_step"]) for r in report["rows"]
                      if r["draft_pass"] == d["draft_pass"] and r["draft_vocab"] == d["draft_vocab"]
+                     and r.get("draft_weights", "full") == d.get("draft_weights", "full")
                      and r["mask"].startswith("kept"))
         a, b = d["fit"]["slope"], d["fit"]["overhead"]
         ax.plot(*zip(*pts), "o-" if d["draft_vocab"] == 0 else "s--", color=f"C{i // 2}",
@@ -145,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.offline.draft_cost import fit_cost_model, fit_line, mask_for_fraction
     from vllm_selfspec.offline.hf_target import HFTarget
+    from vllm_selfspec.proposers.low_bit import low_bit_forms
     from vllm_selfspec.proposers.skip_mask import SkipMask
 
     cuda = torch.device(args.device).type == "cuda"
@@ -193,33 +199,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             compiled[key] = torch.compile(types.FunctionType(code, fn.__globals__), dynamic=False)
         return compiled[key]
 
-    def build(pass_: str, mask: SkipMask, n: int, pos: torch.Tensor) -> Callable[[], Any]:
+    weights = [x.strip() for x in args.draft_weights.split(",") if x.strip()]
+    copies = {wt: ({} if wt == "full" else target.low_bit_copies(wt)) for wt in weights}
+    low_heads = {(wt, n): low_bit_forms(heads[n], [wt]).get(wt)
+                 for wt in weights if wt != "full" for n in vocabs}
+
+    def build(pass_: str, mask: SkipMask, n: int, pos: torch.Tensor, wt: str = "full"
+              ) -> Callable[[], Any]:
         w, t = heads[n], int(pos.numel())
+        lin = low_heads.get((wt, n))
+        head_of = (lambda h, w: lin(h).argmax(-1)) if lin is not None else _head
+        swap = (lambda: target.draft_weights(copies[wt])) if copies.get(wt) else \
+            contextlib.nullcontext
         if pass_.startswith("compiled"):  # the walk per mask, the head per size: two graphs
-            body = compiled_of(_walk, ("walk", mask.attention, mask.mlp, t))
-            head = compiled_of(_head, ("head", n, t))
-            fn: Callable[[], Any] = lambda: head(body(target, prep, mask, pos), w)  # noqa: E731
-            fn()  # compile now, not inside a timing
+            with swap():
+                body = compiled_of(_walk, ("walk", mask.attention, mask.mlp, t, wt))
+                head = compiled_of(head_of, ("head", n, t, wt))
+                inner: Callable[[], Any] = lambda: head(body(target, prep, mask, pos), w)  # noqa: E731
+                inner()  # compile now, not inside a timing
         else:
-            fn = lambda: _head(_walk(target, prep, mask, pos), w)  # noqa: E731
-        return graphed(fn) if pass_.endswith("graph") else fn
+            inner = lambda: head_of(_walk(target, prep, mask, pos), w)  # noqa: E731
+
+        def fn() -> Any:
+            with swap():
+                return inner()
+
+        if pass_.endswith("graph"):
+            with swap():
+                return graphed(inner)
+        return fn
 
     # (label, mask, vocab, T) -> pass -> callable; compile/capture time is kept apart
-    cases: list[tuple[str, dict[str, list[int]], int, int]] = [
-        (label, m, n, 1) for label, m in masks for n in vocabs]
-    cases.append(("kept 1", {"attention": [], "mlp": []}, 0, args.verify + 1))
+    cases: list[tuple[str, dict[str, list[int]], int, int, str]] = [
+        (label, m, n, 1, wt) for wt in weights for label, m in masks for n in vocabs]
+    cases.append(("kept 1", {"attention": [], "mlp": []}, 0, args.verify + 1, "full"))
     fns: dict[tuple[int, str], Callable[[], Any]] = {}
     build_s: dict[str, float] = {p: 0.0 for p in passes}
     errors: dict[str, str] = {}
     with torch.inference_mode():
-        for i, (label, m, n, t) in enumerate(tqdm(cases, desc="build passes")):
+        for i, (label, m, n, t, wt) in enumerate(tqdm(cases, desc="build passes")):
             sm = SkipMask(frozenset(m["attention"]), frozenset(m["mlp"]))
             for p in passes:
                 b0 = time.perf_counter()
                 try:
-                    fns[(i, p)] = build(p, sm, n, one if t == 1 else span)
+                    fns[(i, p)] = build(p, sm, n, one if t == 1 else span, wt)
                 except Exception as e:  # noqa: BLE001 - a pass that fails is reported, not fatal
-                    errors[f"{label}, vocab {n}, T={t}, {p}"] = f"{type(e).__name__}: {e}"[:300]
+                    errors[f"{label}, vocab {n}, T={t}, {wt}, {p}"] = \
+                        f"{type(e).__name__}: {e}"[:300]
                 build_s[p] += time.perf_counter() - b0
         if cuda:
             torch.cuda.synchronize()
@@ -232,8 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     secs = {k: statistics.median(v) for k, v in samples.items()}
 
     def full_s(p: str, t: int = 1) -> float | None:
-        i = next(j for j, c in enumerate(cases)
-                 if c[2] == 0 and c[3] == t and not c[1]["attention"] and not c[1]["mlp"])
+        i = next(j for j, c in enumerate(cases) if c[2] == 0 and c[3] == t and c[4] == "full"
+                 and not c[1]["attention"] and not c[1]["mlp"])
         return secs.get((i, p))
 
     ref_pass = next((p for p in reversed(PASSES) if p in passes and full_s(p)), None)
@@ -242,11 +268,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ref = full_s(ref_pass)
     rows = []
     for (i, p), s in secs.items():
-        label, m, n, t = cases[i]
+        label, m, n, t, wt = cases[i]
         if t != 1:
             continue
         kept = 1.0 - (len(m["attention"]) + len(m["mlp"])) / (2 * nl)
-        rows.append({"mask": label, "draft_pass": p, "draft_vocab": n,
+        rows.append({"mask": label, "draft_pass": p, "draft_vocab": n, "draft_weights": wt,
                      "kept_fraction": round(kept, 4), "skipped_attention": len(m["attention"]),
                      "skipped_mlp": len(m["mlp"]), "draft_token_s": s,
                      "ratio_to_decode_step": s / ref})
@@ -254,16 +280,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for p in passes:
         t1, tk = full_s(p), full_s(p, args.verify + 1)
         v = (tk - t1) / (args.verify * ref) if t1 and tk else 0.0
-        for n in vocabs:
-            mine = [r for r in rows if r["draft_pass"] == p and r["draft_vocab"] == n]
+        for wt, n in ((wt, n) for wt in weights for n in vocabs):
+            mine = [r for r in rows if r["draft_pass"] == p and r["draft_vocab"] == n
+                    and r["draft_weights"] == wt]
             uni = [r for r in mine if r["mask"].startswith("kept")]
             if len(uni) < 2:
                 continue
             a, b = fit_line([r["kept_fraction"] for r in uni],
                             [r["ratio_to_decode_step"] for r in uni])
-            name = f"{p}, " + ("full head" if n == 0 else f"draft vocabulary {n}")
+            name = (f"{p}, " + ("" if wt == "full" else f"{wt} weights, ")
+                    + ("full head" if n == 0 else f"draft vocabulary {n}"))
             by_variant[name] = {
-                "draft_pass": p, "draft_vocab": n,
+                "draft_pass": p, "draft_vocab": n, "draft_weights": wt,
                 "fit": {"slope": a, "overhead": b, "formula": f"cost/decode ≈ {a:.3f}·f + {b:.3f}"},
                 "cost_model": fit_cost_model(mine, nl, v) if len(mine) >= 3 else None,
                 "uniform_rows": uni}
@@ -284,9 +312,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if f1:
             print(f"  full model, {p}: {1e3 * f1:.3f} ms"
                   + (f"; {args.verify + 1} tokens {1e3 * fk:.3f} ms" if fk else ""))
-    print("mask                 vocab  pass            kept f  draft ms  / decode step")
-    for r in sorted(rows, key=lambda r: (r["mask"], r["draft_vocab"], PASSES.index(r["draft_pass"]))):
-        print(f"{r['mask']:<20} {r['draft_vocab'] or 'full'!s:<6} {r['draft_pass']:<15} "
+    print("mask                 weights vocab  pass            kept f  draft ms  / decode step")
+    for r in sorted(rows, key=lambda r: (r["mask"], r["draft_weights"], r["draft_vocab"],
+                                         PASSES.index(r["draft_pass"]))):
+        print(f"{r['mask']:<20} {r['draft_weights']:<7} {r['draft_vocab'] or 'full'!s:<6} "
+              f"{r['draft_pass']:<15} "
               f"{r['kept_fraction']:.3f}  {1e3 * r['draft_token_s']:8.3f}  {r['ratio_to_decode_step']:.3f}")
     for name, d in by_variant.items():
         print(f"{name}: {d['fit']['formula']}")

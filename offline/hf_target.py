@@ -20,12 +20,13 @@ decoders with rotary attention).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -88,8 +89,11 @@ class HFTarget:
 
         if random_weights:
             torch.manual_seed(0)
-            self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path),
-                                                          dtype=dtype)
+            # built on the device in the target dtype: a 13B shape drawn on the CPU in
+            # float32 first did not finish in 7 minutes
+            with torch.device(device):
+                self.model = AutoModelForCausalLM.from_config(
+                    AutoConfig.from_pretrained(model_path), dtype=dtype)
             self.tokenizer = None
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -211,6 +215,33 @@ class HFTarget:
             if i not in mask.mlp:
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.inner.norm(h)
+
+    # ---- low-bit draft weights (key draft_weights) -----------------------------------------
+    def low_bit_copies(self, draft_weights: str) -> dict[torch.nn.Module, Any]:
+        """Low-bit copies (``proposers.low_bit``) of every decoder linear layer and the LM
+        head in the format ``draft_weights`` (a layer without a kernel for it, or whose
+        shape it cannot take, keeps its own weights: no entry)."""
+        from vllm_selfspec.proposers.low_bit import low_bit_forms
+
+        out = {}
+        mods = [m for layer in self.layers for m in layer.modules()
+                if isinstance(m, torch.nn.Linear)] + [self.model.lm_head]
+        for m in mods:
+            form = low_bit_forms(m.weight, [draft_weights]).get(draft_weights)
+            if form is not None:
+                out[m] = form
+        return out
+
+    @contextlib.contextmanager
+    def draft_weights(self, copies: dict[torch.nn.Module, Any]) -> Iterator[None]:
+        """Run the linear layers of ``copies`` through their low-bit copy (bias kept)."""
+        try:
+            for m, lin in copies.items():
+                m.__dict__["forward"] = (lambda x, lin=lin, b=m.bias: lin(x, b))
+            yield
+        finally:
+            for m in copies:
+                m.__dict__.pop("forward", None)
 
     # ---- cost model --------------------------------------------------------------------
     def time_costs(self, prep: Prepared, repeats: int = 15, verify_n: int = 4) -> CostModel:

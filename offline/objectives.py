@@ -56,20 +56,27 @@ class ProxyObjective:
                  exit_cfg: DraftExitConfig, cost: CostModel | None = None,
                  continuations_path: Path | None = None, device: str = "cpu",
                  progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda x: x,
-                 step_table: dict[str, float] | None = None) -> None:
+                 step_table: dict[str, float] | None = None,
+                 draft_weights: str = "full") -> None:
         """``cost``: the draft pass's price (default: timed now with the proxy's passes);
         ``step_table``: the engine's measured step shape for the verification
-        (``CostModel.with_step_table``; default: linear)."""
+        (``CostModel.with_step_table``; default: linear); ``draft_weights``: the draft
+        pass scores (and, by default, is timed) through low-bit copies of the linear
+        layers and head (key draft_weights), the continuations stay the full model's."""
         from vllm_selfspec.offline.hf_target import HFTarget, cached_continuations
 
         self.target = HFTarget(model_path, device=device)
+        self.draft_weights = draft_weights
         self.k, self.exit_cfg = k, exit_cfg
         self.dev = dev
         dev.continuations = cached_continuations(continuations_path, dev.prompt_ids,
                                                  dev.prompts, max_tokens,
                                                  self.target.generate_greedy, progress)
         self.prepared = [self.target.prepare(p, c) for p, c in zip(dev.prompts, dev.continuations)]
-        self.cost = cost or self.target.time_costs(self.prepared[0])
+        self.copies = ({} if draft_weights == "full"
+                       else self.target.low_bit_copies(draft_weights))
+        with self.target.draft_weights(self.copies):
+            self.cost = cost or self.target.time_costs(self.prepared[0])
         if step_table:
             self.cost = self.cost.with_step_table(step_table)
 
@@ -81,10 +88,11 @@ class ProxyObjective:
         """Per dev prompt: does the masked model's top-1 match the continuation, and its
         top-1 probability, at every position (one forward per prompt)."""
         agree, conf = [], []
-        for prep in self.prepared:
-            a, c = self.target.score(prep, mask)
-            agree.append(a.tolist())
-            conf.append(c.tolist())
+        with self.target.draft_weights(self.copies):
+            for prep in self.prepared:
+                a, c = self.target.score(prep, mask)
+                agree.append(a.tolist())
+                conf.append(c.tolist())
         return agree, conf
 
     def evaluate(self, mask: SkipMask) -> dict[str, Any]:
@@ -118,7 +126,7 @@ class MeasuredObjective:
 
     def __init__(self, model_path: str, dev: DevSet, max_tokens: int, k: int,
                  exit_cfg: DraftExitConfig, dtype: str = "float32", enforce_eager: bool = True,
-                 replan_every: int = 10) -> None:
+                 replan_every: int = 10, draft_weights: str = "full") -> None:
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import SamplingParams, TokensPrompt
 
@@ -134,7 +142,8 @@ class MeasuredObjective:
                                 "skip_mask": {"attention": [], "mlp": []}, "cost_gate": False,
                                 "draft_exit_threshold": exit_cfg.threshold,
                                 "adaptive_threshold": exit_cfg.adaptive,
-                                "target_acceptance": exit_cfg.target_acceptance})
+                                "target_acceptance": exit_cfg.target_acceptance,
+                                "draft_weights": draft_weights})
         self.prompts = [TokensPrompt(prompt_token_ids=p) for p in dev.prompts]
         self.sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.num_layers = self.llm.llm_engine.model_config.hf_config.num_hidden_layers

@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-table", default=None, metavar="BENCH.json[:METHOD]",
                    help="price verification with the step table a tools/bench.py run measured "
                         "(default: linear in the drafts)")
+    p.add_argument("--draft-weights", default="full",
+                   help="key draft_weights of the pass the mask is searched for (full, int8, "
+                        "w8a8, int4): the proxy scores and times it through low-bit copies, the "
+                        "measured objective runs it. With low-bit weights the empty mask (every "
+                        "sub-layer kept) may be the best, and is written if so")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="cpu", help="proxy objective device (cpu, cuda)")
     p.add_argument("--enforce-eager", action="store_true", help="measured objective: no compile")
@@ -81,9 +86,11 @@ def build_objective(args: argparse.Namespace, model_path: str, progress: Any = N
         cont = Path(args["out"]).with_suffix(".continuations.json")
         return ProxyObjective(model_path, dev, args["max_tokens"], args["k"], exit_cfg, cost,
                               continuations_path=cont, device=args["device"],
-                              progress=progress or (lambda x: x), step_table=table)
+                              progress=progress or (lambda x: x), step_table=table,
+                              draft_weights=args.get("draft_weights", "full"))
     return MeasuredObjective(model_path, dev, args["max_tokens"], args["k"], exit_cfg,
-                             dtype=args["dtype"], enforce_eager=args["enforce_eager"])
+                             dtype=args["dtype"], enforce_eager=args["enforce_eager"],
+                             draft_weights=args.get("draft_weights", "full"))
 
 
 def ray_evaluator(args: argparse.Namespace, model_path: str) -> Any:
@@ -170,15 +177,17 @@ def draw_layout(mask: Any, num_layers: int, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def choose_mask(trials: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """The mask to write: the best trial that skips something (an empty mask drafts with
-    the whole model, which never pays), and the verdict on it. Returns (trial or None
+def choose_mask(trials: list[dict[str, Any]], allow_empty: bool = False
+                ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The mask to write: the best trial that skips something (with full draft weights an
+    empty mask drafts with the whole model, which never pays; ``allow_empty``: with low-bit
+    draft weights it may be the best), and the verdict on it. Returns (trial or None
     when every trial was empty, verdict: ``expected_speedup``, ``beats_plain_decoding``
     and ``best_overall``, the best trial's value, empty or not)."""
     from vllm_selfspec.offline.search import best_trial
 
     best = best_trial(trials)
-    skipping = [t for t in trials if t["attention"] or t["mlp"]]
+    skipping = [t for t in trials if t["attention"] or t["mlp"] or allow_empty]
     chosen = best_trial(skipping) if skipping else None
     value = float(chosen["value"]) if chosen else float("nan")
     return chosen, {"expected_speedup": value,
@@ -248,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trials = search(cfg, evaluate_batch, log_path, probes,
                     progress=lambda **kw: tqdm(desc=f"{args.objective} search", unit="trial", **kw))
     search_s = time.time() - t1
-    best, verdict = choose_mask(trials)
+    best, verdict = choose_mask(trials, allow_empty=args.draft_weights != "full")
     if best is None:  # every trial skipped nothing: price the uniform mask once
         from vllm_selfspec.proposers.skip_mask import uniform_mask
 
@@ -274,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dev_set": {"dataset": args.dataset, "split": "dev", "num_prompts": args.num_prompts,
                     "max_tokens": args.max_tokens},
         "task": args.task or args.dataset, "skip_budget": args.skip_budget, "seed": args.seed,
+        "draft_weights": args.draft_weights,
         "search": describe(), "setup_seconds": round(setup_s, 1),
         "search_seconds_this_run": round(search_s, 1),
         "tool": "tools/search_mask.py", "tool_version": TOOL_VERSION,

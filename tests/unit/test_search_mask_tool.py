@@ -113,6 +113,17 @@ def test_choose_mask_writes_the_best_non_empty_mask_and_says_when_none_pays():
     assert choose_mask([_trial(0, 0.9)])[0] is None  # only the empty mask was tried
 
 
+def test_with_low_bit_draft_weights_the_empty_mask_may_be_the_best():
+    """Searched for a low-bit pass (--draft-weights), keeping every sub-layer is a draft
+    that pays: it is written when it is the best trial."""
+    from vllm_selfspec.offline.search_mask import choose_mask
+
+    trials = [_trial(0, 1.55), _trial(1, 1.20, [3], [4])]
+    chosen, verdict = choose_mask(trials, allow_empty=True)
+    assert chosen["iteration"] == 0 and verdict["beats_plain_decoding"]
+    assert choose_mask(trials)[0]["iteration"] == 1  # full weights: never the empty mask
+
+
 class _LosingObjective:
     """Every mask is slower than plain decoding; the empty mask least so (SmolLM2 here)."""
 
