@@ -1,4 +1,5 @@
-"""The README documents exactly the keys the plugin accepts, with their defaults."""
+"""The docs document exactly the keys the plugin accepts, with their defaults
+(docs/keys.md), and what the README points at exists."""
 
 import json
 import re
@@ -8,12 +9,14 @@ import pytest
 
 from vllm_selfspec import methods
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+KEYS = ROOT / "docs" / "keys.md"
 
 
 def _table(title: str) -> dict[str, str]:
-    text = README.read_text()
-    section = text.split(f"### `{title}` keys", 1)[1].split("\n### ", 1)[0]
+    text = KEYS.read_text()
+    section = text.split(f"## `{title}` keys", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z_0-9]+)` \| (.+?) \|", section, flags=re.M)
     return {k: v.strip() for k, v in rows}
 
@@ -22,7 +25,7 @@ def _table(title: str) -> dict[str, str]:
 def test_keys_documented_with_defaults(method):
     rows = _table(method.name)
     for key in method.keys:
-        assert key.name in rows, f"{key.name} missing from the README"
+        assert key.name in rows, f"{key.name} missing from docs/keys.md"
         doc = rows[key.name]
         if key.default is None:
             assert doc == "none"
@@ -30,13 +33,25 @@ def test_keys_documented_with_defaults(method):
             assert doc.strip("`") == json.dumps(key.default), (key.name, doc)
     plugin_keys = {k.name for k in method.keys}
     extra = set(rows) - plugin_keys - set(methods.CORE_KEYS)
-    assert not extra, f"README documents keys the plugin does not accept: {extra}"
+    assert not extra, f"docs/keys.md documents keys the plugin does not accept: {extra}"
     if method.default_k is None:  # fixed at start-up (chimera: the checkpoint's heads)
         assert not rows["num_speculative_tokens"].strip("`").isdigit()
     else:
         assert rows["num_speculative_tokens"].strip("`") == str(method.default_k)
 
 
-def test_readme_stays_short_with_the_full_results_in_docs():
-    assert README.stat().st_size < 25_000
-    assert (README.parent / "docs" / "results.md").exists()
+@pytest.mark.parametrize("doc", [README, *sorted((ROOT / "docs").glob("*.md"))],
+                         ids=lambda p: p.name)
+def test_links_and_tools_named_in_the_docs_exist(doc):
+    """Every relative link and every ``tools/NAME.py`` a page names is in the tree."""
+    text = doc.read_text()
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+    for tool in set(re.findall(r"\btools/([a-z_0-9]+\.py)\b", text)):
+        assert (ROOT / "tools" / tool).exists(), f"{doc.name} names missing tools/{tool}"
+
+
+def test_every_method_is_introduced_in_the_readme():
+    text = README.read_text()
+    for name in methods.METHODS:
+        assert f"**`{name}`**" in text, f"the README does not introduce {name}"
