@@ -73,6 +73,10 @@ class CommonOptions:
     cost_gate: bool = option(
         True, "predict the token rate from the measured draft cost and acceptance; draft only, "
         "and only as many tokens, as pays (steps back where the drafter cannot pay)", "bool")
+    max_draft_prompt_tokens: int = option(
+        0, "requests whose prompt has more tokens than this draft nothing (0: no limit); a "
+        "request can still set its own limit (vllm_xargs num_speculative_tokens)", "int", 0,
+        None)
     # vLLM's own key, kept in the speculative config; the proposers read it too
     draft_sample_method: str = "probabilistic"
 

@@ -19,6 +19,31 @@ from vllm_selfspec.log import log_once
 from vllm_selfspec.proposers.base import DraftRequest, TargetStates, Verification
 
 GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampling_params.py)
+# A request's own draft limit: SamplingParams.extra_args (the OpenAI server fills it from
+# ``vllm_xargs`` in the request body), validated in the front-end (patches P9)
+REQUEST_KEY = "num_speculative_tokens"
+REQUEST_KEY_MAX = 128
+
+
+class RequestKeyError(ValueError):
+    """A request's ``num_speculative_tokens`` is not an integer in [0, 128]."""
+
+
+def request_draft_cap(extra_args: Any) -> int | None:
+    """The most drafts a request asks for (``extra_args["num_speculative_tokens"]``: 0 turns
+    drafting off), or None when it sets none. A value that is no integer in [0, 128]
+    raises ``RequestKeyError`` (one line, said back to the client)."""
+    if not extra_args or REQUEST_KEY not in extra_args:
+        return None
+    value = extra_args[REQUEST_KEY]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # vllm_xargs may carry numbers as strings
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 0 <= value <= REQUEST_KEY_MAX:
+        raise RequestKeyError(
+            f"vllm_selfspec: {REQUEST_KEY} in vllm_xargs / SamplingParams.extra_args must be an "
+            f"integer in [0, {REQUEST_KEY_MAX}] (0: no drafts for this request), got {value!r}")
+    return value
 
 
 @dataclass
@@ -50,8 +75,11 @@ def read_feedback(ctx: DraftContext) -> list[Verification]:
     return out
 
 
-def draft_requests(runner: Any, ctx: DraftContext, k: int) -> list[DraftRequest]:
-    """The rows that may draft now, with their position, newest token and limits."""
+def draft_requests(runner: Any, ctx: DraftContext, k: int,
+                   prompt_limit: int = 0) -> list[DraftRequest]:
+    """The rows that may draft now, with their position, newest token and limits: the
+    engine's k, the request's own ``num_speculative_tokens`` (``request_draft_cap``), none
+    when its prompt is longer than ``prompt_limit`` tokens (0: no limit)."""
     batch = runner.input_batch
     num_tokens = batch.num_tokens_no_spec
     token_ids = batch.token_ids_cpu
@@ -74,6 +102,15 @@ def draft_requests(runner: Any, ctx: DraftContext, k: int) -> list[DraftRequest]
         if (not sp.ignore_eos and n_out >= (sp.min_tokens or 0)
                 and token in sp.all_stop_token_ids):
             limit = 0  # the request ends with this token
+        if sp.extra_args:
+            try:
+                cap = request_draft_cap(sp.extra_args)
+            except RequestKeyError:  # refused in the front-end (P9); never here
+                cap = None
+            if cap is not None:
+                limit = min(limit, cap)
+        if prompt_limit and position + 1 - n_out > prompt_limit:
+            limit = 0
         if limit <= 0:
             continue
         greedy = sp.temperature < GREEDY_EPS

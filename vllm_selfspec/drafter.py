@@ -282,7 +282,9 @@ class PluginDrafter:
         view = self._target_view(runner)
         if view is not None and hasattr(view, "begin_step"):
             view.begin_step(ctx.common_attn_metadata)
-        return DraftBatch(req_ids=ctx.req_ids, requests=draft_requests(runner, ctx, self.k),
+        return DraftBatch(req_ids=ctx.req_ids,
+                          requests=draft_requests(runner, ctx, self.k,
+                                                  int(self.opts.get("max_draft_prompt_tokens", 0))),
                           token_ids=runner.input_batch.token_ids_cpu,
                           num_tokens=runner.input_batch.num_tokens_no_spec,
                           states=target_states(ctx) if self.proposer.uses_hidden_states

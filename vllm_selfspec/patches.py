@@ -403,3 +403,38 @@ def patch_weight_capture() -> None:
         return orig(self, layer)
 
     UnquantizedLinearMethod.process_weights_after_loading = _mark(process_weights_after_loading)
+
+
+# --------------------------------------------------------------------------- P9
+def patch_request_params(plugin_options: Callable[[Any], dict[str, Any] | None]) -> bool:
+    """P9: validate a request's draft limit where vLLM validates its sampling parameters.
+    Returns whether the patch is (now) applied."""
+    try:
+        from vllm.v1.engine.input_processor import InputProcessor
+    except ImportError:
+        return False
+    orig = getattr(InputProcessor, "_validate_params", None)
+    if orig is None:
+        return False
+    if _marked(orig):
+        return True
+    _check_params(orig, ["self", "params", "supported_tasks"], "InputProcessor._validate_params")
+
+    @functools.wraps(orig)
+    def _validate_params(self: Any, params: Any, supported_tasks: Any) -> Any:
+        out = orig(self, params, supported_tasks)
+        extra = getattr(params, "extra_args", None)
+        if extra and plugin_options(self.vllm_config) is not None:
+            from vllm.exceptions import VLLMValidationError
+
+            from vllm_selfspec.bridge import REQUEST_KEY, RequestKeyError, request_draft_cap
+
+            try:
+                request_draft_cap(extra)
+            except RequestKeyError as e:
+                raise VLLMValidationError(str(e), parameter=f"vllm_xargs.{REQUEST_KEY}",
+                                          value=extra.get(REQUEST_KEY)) from None
+        return out
+
+    InputProcessor._validate_params = _mark(_validate_params)
+    return True

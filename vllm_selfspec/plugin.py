@@ -207,6 +207,7 @@ def register() -> None:
         return
     patches.patch_speculative_config(translate_speculative_config)
     patches.patch_lookahead(plugin_options)
+    patches.patch_request_params(plugin_options)
     patches.patch_cpu_expand()
     patches.patch_top_k_empty()
     patches.patch_kernel_rebind()

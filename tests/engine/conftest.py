@@ -4,7 +4,14 @@ plain decoding's greedy output on them (one plain engine per session)."""
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    make_llm,
+    prompts,
+    shutdown,
+    structured_outputs,
+    token_ids,
+)
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 
@@ -15,9 +22,23 @@ def eval_prompts(model_path):
 
 
 @pytest.fixture(scope="session")
-def reference(model_path, eval_prompts):
-    """Plain decoding, greedy, same engine settings (the losslessness reference)."""
+def plain_decoding(model_path, eval_prompts):
+    """Plain decoding, greedy, same engine settings (the losslessness reference): free
+    text, and under each structured-output grammar (helpers.structured_params)."""
     llm = make_llm(model_path)
-    out = token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
-    shutdown(llm)
+    try:
+        out = {"free": token_ids(llm.generate(eval_prompts, GREEDY, use_tqdm=False)),
+               "structured": structured_outputs(llm, eval_prompts)}
+    finally:
+        shutdown(llm)
     return out
+
+
+@pytest.fixture(scope="session")
+def reference(plain_decoding):
+    return plain_decoding["free"]
+
+
+@pytest.fixture(scope="session")
+def structured_reference(plain_decoding):
+    return plain_decoding["structured"]

@@ -59,3 +59,61 @@ def sampled_acceptance(llm: Any, eval_prompts: list[Any], params: dict[str, Any]
                         use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
     return acceptance(outs)
+
+
+# Structured outputs (vLLM's StructuredOutputsParams: JSON schema, regex, choice), greedy:
+# each method's output must equal plain decoding's with the same grammar
+JSON_SCHEMA = {"type": "object",
+               "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                              "skills": {"type": "array", "items": {"type": "string"},
+                                         "maxItems": 3}},
+               "required": ["name", "age", "skills"]}
+STRUCTURED_PROMPTS = 4
+
+
+def structured_params() -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    grammars = {"json": StructuredOutputsParams(json=JSON_SCHEMA),
+                "regex": StructuredOutputsParams(regex=r"(yes|no), because [a-z ,]{10,60}\."),
+                "choice": StructuredOutputsParams(choice=["red", "green", "blue"])}
+    return {name: SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, structured_outputs=g)
+            for name, g in grammars.items()}
+
+
+def structured_outputs(llm: Any, eval_prompts: list[Any]) -> dict[str, list[list[int]]]:
+    """Greedy token ids of the first STRUCTURED_PROMPTS prompts under each grammar."""
+    return {name: token_ids(llm.generate(eval_prompts[:STRUCTURED_PROMPTS], sp, use_tqdm=False))
+            for name, sp in structured_params().items()}
+
+
+def check_request_control(llm: Any, eval_prompts: list[Any], reference: list[list[int]],
+                          structured_reference: dict[str, list[list[int]]]) -> None:
+    """What every method must do with per-request parameters (one engine of the method):
+
+    * structured outputs (JSON schema, regex, choice) equal plain decoding's with the same
+      grammar;
+    * a request with ``num_speculative_tokens`` 0 (SamplingParams.extra_args, the OpenAI
+      server's vllm_xargs) drafts nothing and is identical; its neighbours are too;
+    * a malformed value is refused for that request in one line, and the engine serves on.
+    """
+    import pytest
+    from vllm import SamplingParams
+
+    assert structured_outputs(llm, eval_prompts) == structured_reference
+    off = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
+                         extra_args={"num_speculative_tokens": 0})
+    plain = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    sps = [off if i % 2 == 0 else plain for i in range(len(eval_prompts))]
+    outs = llm.generate(eval_prompts, sps, use_tqdm=False)
+    assert token_ids(outs) == reference
+    for i, o in enumerate(outs):
+        m = o.outputs[0].spec_decode_metrics
+        if i % 2 == 0:
+            assert m is None or m.num_draft_tokens == 0, (i, m)
+    bad = SamplingParams(max_tokens=4, temperature=0.0, extra_args={"num_speculative_tokens": -1})
+    with pytest.raises(ValueError, match=r"num_speculative_tokens .* must be an integer") as e:
+        llm.generate(eval_prompts[:1], bad, use_tqdm=False)
+    assert "\n" not in str(e.value)
+    assert token_ids(llm.generate(eval_prompts[:1], plain, use_tqdm=False)) == reference[:1]

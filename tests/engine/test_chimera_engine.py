@@ -18,7 +18,7 @@ import math
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from tests.engine.helpers import MAX_TOKENS, check_request_control, make_llm, shutdown, token_ids
 from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 
@@ -153,3 +153,8 @@ def test_ngrammys_chimera_defaults_identical(model_path, eval_prompts, reference
     assert st.get("failures", 0) == 0 and st["from_context"] > 0 and st["from_chimera"] > 0, st
     chimera = st["cost_gate"]["classes"]["chimera"]
     assert chimera["draft_token_s"] > st["cost_gate"]["draft_token_s"], st["cost_gate"]
+
+
+def test_structured_outputs_and_per_request_control(shipped, eval_prompts, reference,
+                                                    structured_reference):
+    check_request_control(shipped, eval_prompts, reference, structured_reference)

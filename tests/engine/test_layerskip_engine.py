@@ -13,6 +13,7 @@ from vllm import SamplingParams
 from tests.engine.helpers import (
     MAX_TOKENS,
     SAMPLING_CASES,
+    check_request_control,
     make_llm,
     sampled_acceptance,
     shutdown,
@@ -57,3 +58,8 @@ def test_exit_at_the_last_layer_is_the_target(full_exit, eval_prompts, reference
 def test_sampling_keeps_the_target_distribution(full_exit, eval_prompts, params):
     acc = sampled_acceptance(full_exit, eval_prompts, params)
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
+
+
+def test_structured_outputs_and_per_request_control(full_exit, eval_prompts, reference,
+                                                    structured_reference):
+    check_request_control(full_exit, eval_prompts, reference, structured_reference)

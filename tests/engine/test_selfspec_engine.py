@@ -10,7 +10,7 @@ q handed to vLLM's rejection sampler, and the CPU sampler fix (P4).
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from tests.engine.helpers import MAX_TOKENS, check_request_control, make_llm, shutdown, token_ids
 from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 
@@ -112,3 +112,8 @@ def test_failing_draft_steps_do_not_stop_requests(uniform_engine, eval_prompts, 
         uniform_engine.collective_rpc(control.set_cost_gate, args=(True,))
     assert stats["failures"] > 0
     assert out == reference
+
+
+def test_structured_outputs_and_per_request_control(uniform_engine, eval_prompts, reference,
+                                                    structured_reference):
+    check_request_control(uniform_engine, eval_prompts, reference, structured_reference)

@@ -17,6 +17,7 @@ from vllm import SamplingParams
 from tests.engine.helpers import (
     MAX_TOKENS,
     SAMPLING_CASES,
+    check_request_control,
     make_llm,
     sampled_acceptance,
     shutdown,
@@ -114,3 +115,8 @@ def test_sampling_keeps_the_target_distribution(empty_start, eval_prompts, param
     """The draft equals the target here, so with q passed min(1, p/q) = 1."""
     acc = sampled_acceptance(empty_start, eval_prompts, params)
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.97, acc
+
+
+def test_structured_outputs_and_per_request_control(empty_start, eval_prompts, reference,
+                                                    structured_reference):
+    check_request_control(empty_start, eval_prompts, reference, structured_reference)

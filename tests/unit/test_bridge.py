@@ -6,14 +6,20 @@ import numpy as np
 import pytest
 
 from vllm_selfspec import log
-from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback
+from vllm_selfspec.bridge import (
+    DraftContext,
+    RequestKeyError,
+    draft_requests,
+    read_feedback,
+    request_draft_cap,
+)
 from vllm_selfspec.drafter import InjectedFault, inject_faults, safe_propose
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Proposal, Proposer
 
 
 def _sp(**kw):
     base = dict(temperature=0.0, top_k=0, top_p=1.0, max_tokens=100, min_tokens=0,
-                ignore_eos=False, all_stop_token_ids={2})
+                ignore_eos=False, all_stop_token_ids={2}, extra_args=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -56,6 +62,32 @@ def test_draft_requests_positions_limits_and_sampling():
     assert set(out) == {"a", "d"}
     assert out["a"].position == 3 and out["a"].token == 12 and out["a"].max_len == 8
     assert out["d"].max_len == 2 and out["d"].temperature == 0.7 and out["d"].top_k == 5
+
+
+def test_a_request_sets_its_own_draft_limit_and_long_prompts_draft_nothing():
+    """``num_speculative_tokens`` in a request's extra_args (vllm_xargs): 0 turns drafting
+    off for it, N caps it; the engine's max_draft_prompt_tokens turns it off for long
+    prompts. Other requests keep the engine's k."""
+    runner = _runner([
+        ("off", [1, 10, 11, 12], _sp(extra_args={"num_speculative_tokens": 0}), 1),
+        ("two", [1, 20, 21, 22], _sp(extra_args={"num_speculative_tokens": "2"}), 1),
+        ("big", [1, 30, 31, 32], _sp(extra_args={"num_speculative_tokens": 50}), 1),
+        ("other", [1, 40, 41, 42], _sp(extra_args={"kv_transfer_params": {}}), 1),
+        ("long", [1, 2, 3, 4, 5, 6, 7, 50], _sp(), 1),  # a 7-token prompt
+    ])
+    ctx = _ctx(["off", "two", "big", "other", "long"], [[12], [22], [32], [42], [50]], {})
+    out = {r.req_id: r.max_len for r in draft_requests(runner, ctx, k=8, prompt_limit=6)}
+    assert out == {"two": 2, "big": 8, "other": 8}
+    assert {r.req_id for r in draft_requests(runner, ctx, k=8)} == {"two", "big", "other",
+                                                                      "long"}
+
+
+@pytest.mark.parametrize("value", [-1, 129, 2.5, True, "two", [3], None])
+def test_a_malformed_request_limit_is_refused_in_one_line(value):
+    with pytest.raises(RequestKeyError, match=r"must be an integer in \[0, 128\]") as e:
+        request_draft_cap({"num_speculative_tokens": value})
+    assert "\n" not in str(e.value)
+    assert request_draft_cap(None) is None and request_draft_cap({"x": 1}) is None
 
 
 class Boom(Proposer):
