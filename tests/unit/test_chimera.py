@@ -232,8 +232,22 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     out = p.propose(batch_for(fresh, hidden, 0, len(fresh) - 1))
     assert 1 <= len(out.drafts[0]) <= 3 and p.stats["from_chimera"] == 1
     assert out.timed is not None and out.timed["chimera"][0] == len(out.drafts[0])  # priced apart
-    # sampled batch: the context row's q is one-hot at its drafts
+    # sampled, context drafts only: no q at all (vLLM takes the drafts as one-hot)
     p.finish({"r"})
     out = p.propose(batch_for(rep, hidden, 0, len(rep) - 1, temperature=0.9))
-    assert out.probs is None or all(float(out.probs[0, i, t]) == 1.0
-                                    for i, t in enumerate(out.drafts[0]))
+    assert out.drafts[0] and out.probs is None
+    # sampled, one context row and one Chimera row: Chimera's q for its row, and the
+    # context row's q one-hot at its drafts
+    p.finish({"r"})
+    ctx_b = batch_for(rep, hidden, 0, len(rep) - 1, temperature=0.9)
+    chi_b = batch_for(fresh, hidden, 0, len(fresh) - 1, temperature=0.9)
+    ids = np.concatenate([ctx_b.token_ids[:1], chi_b.token_ids[:1]])
+    r1, r2 = ctx_b.requests[0], chi_b.requests[0]
+    r2.row, r2.req_id = 1, "s"
+    st = [ctx_b.states[0], TargetStates(1, "s", 0, chi_b.states[0].hidden)]
+    mixed = DraftBatch(["r", "s"], [r1, r2], ids, np.array([len(rep), len(fresh)]), st)
+    out = p.propose(mixed)
+    assert out.drafts[0] and out.drafts[1] and out.probs is not None
+    assert all(float(out.probs[0, i, t]) == 1.0 for i, t in enumerate(out.drafts[0]))
+    assert all(float(out.probs[0, i].sum()) == 1.0 for i in range(len(out.drafts[0])))
+    assert 0.0 < float(out.probs[1, 0].max()) < 1.0 + 1e-6
