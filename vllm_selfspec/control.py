@@ -101,20 +101,12 @@ def set_draft_kernels(worker: Any, enabled: bool) -> None:
     d.draft_pass.draft_kernels = bool(enabled)
 
 
-def inject_draft_failures(worker: Any, every: int) -> None:
-    """Make every ``every``-th draft step raise (tests of the failure guard)."""
-    d = _drafter(worker)
-    orig = getattr(d.proposer, "_orig_propose", None) or d.proposer.propose
-    d.proposer._orig_propose = orig
-    calls = {"n": 0}
+def inject_faults(worker: Any, every: int, kind: str = "raise") -> None:
+    """The test hook (``drafter.inject_faults``) in a running engine: every ``every``-th
+    draft step faulty (0: off), by raising or by handing vLLM a wrong q."""
+    from vllm_selfspec.drafter import inject_faults as inject
 
-    def failing(batch: Any) -> Any:
-        calls["n"] += 1
-        if every > 0 and calls["n"] % every == 0:
-            raise RuntimeError("injected draft failure")
-        return orig(batch)
-
-    d.proposer.propose = failing if every > 0 else orig
+    inject(_drafter(worker).proposer, int(every), kind)
 
 
 def worker_pid(worker: Any) -> int:

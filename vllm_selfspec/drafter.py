@@ -37,22 +37,43 @@ class InjectedFault(RuntimeError):
     """The exception the ``VLLM_SELFSPEC_FAULT_EVERY`` test hook raises."""
 
 
-def inject_faults(proposer: Proposer, every: int) -> None:
-    """TEST HOOK, not a feature: from now on every ``every``-th call of
-    ``proposer.propose`` raises ``InjectedFault`` (before the proposer runs), so a test
-    can show that a failing draft step is survived: logged once, that step drafts
-    nothing, later steps draft again (tools/serve_check.py, tests/serving/). The drafter
-    turns it on when ``VLLM_SELFSPEC_FAULT_EVERY=N`` (N > 0) is set at start-up."""
-    propose, calls = proposer.propose, [0]
+FAULTS = ("raise", "uniform_q")
 
-    def propose_or_fail(batch: DraftBatch) -> Proposal:
+
+def inject_faults(proposer: Proposer, every: int, kind: str = "raise") -> None:
+    """THE TEST HOOK, not a feature. From now on every ``every``-th call of
+    ``proposer.propose`` (0: none; the hook is taken off) is faulty:
+
+    * ``"raise"``: it raises ``InjectedFault`` before the proposer runs, so a test can show
+      that a failing draft step is survived: logged once, that step drafts nothing, later
+      steps draft again (tools/serve_check.py, tests/serving/). The drafter turns it on
+      when ``VLLM_SELFSPEC_FAULT_EVERY=N`` (N > 0) is set at start-up;
+    * ``"uniform_q"``: sampled drafts are handed to vLLM with a uniform q instead of the
+      distribution they were drawn from, which breaks the rejection sampler's guarantee:
+      the sampling test (tests/engine/test_sampling_engine.py) must see it.
+    """
+    if kind not in FAULTS:
+        raise ValueError(f"fault {kind!r}: one of {', '.join(FAULTS)}")
+    propose = getattr(proposer, "_unfaulted_propose", None) or proposer.propose
+    proposer._unfaulted_propose = propose  # type: ignore[attr-defined]
+    if every <= 0:
+        proposer.propose = propose  # type: ignore[method-assign]
+        return
+    calls = [0]
+
+    def faulty(batch: DraftBatch) -> Proposal:
         calls[0] += 1
-        if calls[0] % every == 0:
+        if calls[0] % every:
+            return propose(batch)
+        if kind == "raise":
             raise InjectedFault(f"injected by the test hook {FAULT_ENV}={every} (draft step "
                                 f"{calls[0]})")
-        return propose(batch)
+        out = propose(batch)
+        if out.probs is not None:
+            out.probs = torch.full_like(out.probs, 1.0 / out.probs.shape[-1])
+        return out
 
-    proposer.propose = propose_or_fail  # type: ignore[method-assign]
+    proposer.propose = faulty  # type: ignore[method-assign]
 
 
 def decode_only(scheduler_output: Any) -> bool:

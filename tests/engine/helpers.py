@@ -117,3 +117,61 @@ def check_request_control(llm: Any, eval_prompts: list[Any], reference: list[lis
         llm.generate(eval_prompts[:1], bad, use_tqdm=False)
     assert "\n" not in str(e.value)
     assert token_ids(llm.generate(eval_prompts[:1], plain, use_tqdm=False)) == reference[:1]
+
+
+# Sampling, end to end: many short continuations of one prompt at temperature 1 (and with
+# top-p / top-k), each request seeded; a method's must follow plain decoding's distribution
+SAMPLES = 600
+SAMPLE_TOKENS = 4  # the first comes from the prompt's pass; drafts are verified for 2..4
+SAMPLING_SETTINGS = {"t1": dict(temperature=1.0), "top": dict(temperature=1.0, top_p=0.9,
+                                                               top_k=20)}
+
+
+def sample_continuations(llm: Any, prompt: Any, setting: str, offset: int = 0
+                         ) -> list[tuple[int, ...]]:
+    """SAMPLES continuations of SAMPLE_TOKENS tokens of ``prompt`` under ``setting``
+    (seeds ``offset`` ... ``offset + SAMPLES - 1``)."""
+    from vllm import SamplingParams
+
+    sps = [SamplingParams(max_tokens=SAMPLE_TOKENS, ignore_eos=True, seed=offset + i,
+                          **SAMPLING_SETTINGS[setting]) for i in range(SAMPLES)]
+    outs = llm.generate([prompt] * SAMPLES, sps, use_tqdm=False)
+    return [tuple(o.outputs[0].token_ids) for o in outs]
+
+
+def homogeneity_p(a: list[tuple[int, ...]], b: list[tuple[int, ...]], min_expected: float = 5.0
+                  ) -> float:
+    """p-value of a chi-square test that two samples of continuations come from one
+    distribution: outcomes seen often enough in the pooled sample are their own bins (an
+    expected count of at least ``min_expected`` in each sample), the rest one bin."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    pooled = Counter(a) + Counter(b)
+    keep = [k for k, c in pooled.most_common() if c / 2 >= min_expected]
+    ca, cb = Counter(a), Counter(b)
+    rows = [[ca[k] for k in keep] + [len(a) - sum(ca[k] for k in keep)],
+            [cb[k] for k in keep] + [len(b) - sum(cb[k] for k in keep)]]
+    cols = [i for i in range(len(rows[0])) if rows[0][i] + rows[1][i] > 0]
+    if len(cols) < 2:
+        return 1.0
+    return float(chi2_contingency([[r[i] for i in cols] for r in rows])[1])
+
+
+# a method's sample is refused when the test says p < ALPHA (the broken q of the fault hook
+# gives p < 1e-30 here; correct methods' p-values are spread over (0, 1))
+ALPHA = 1e-3
+
+
+def check_sampling_distribution(llm: Any, sampled_reference: tuple[Any, dict]) -> dict:
+    """The method's continuations against plain decoding's (``sampled_reference``: the
+    prompt and plain decoding's samples per setting), other seeds so the samples are
+    independent. Returns the p-values."""
+    prompt, plain_samples = sampled_reference
+    out = {}
+    for setting, ref in plain_samples.items():
+        mine = sample_continuations(llm, prompt, setting, offset=SAMPLES)
+        out[setting] = homogeneity_p(mine, ref)
+        assert out[setting] >= ALPHA, (setting, out[setting])
+    return out

@@ -18,7 +18,14 @@ import math
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, check_request_control, make_llm, shutdown, token_ids
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    check_request_control,
+    check_sampling_distribution,
+    make_llm,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 
@@ -158,3 +165,20 @@ def test_ngrammys_chimera_defaults_identical(model_path, eval_prompts, reference
 def test_structured_outputs_and_per_request_control(shipped, eval_prompts, reference,
                                                     structured_reference):
     check_request_control(shipped, eval_prompts, reference, structured_reference)
+
+
+def test_sampling_follows_plain_decoding_and_a_wrong_q_is_caught(shipped, sampled_reference):
+    """Chimera's q (its heads' softmax, far from the target's p: a third of its drafts are
+    accepted) handed to vLLM's rejection sampler: the continuations follow plain decoding's
+    distribution. With a uniform q in its place (the fault hook), the same test refuses
+    them: the check can fail."""
+    from tests.engine.helpers import ALPHA, SAMPLES, homogeneity_p, sample_continuations
+
+    check_sampling_distribution(shipped, sampled_reference)
+    prompt, plain = sampled_reference
+    shipped.collective_rpc(control.inject_faults, args=(1, "uniform_q"))
+    try:
+        broken = sample_continuations(shipped, prompt, "t1", offset=2 * SAMPLES)
+    finally:
+        shipped.collective_rpc(control.inject_faults, args=(0,))
+    assert homogeneity_p(broken, plain["t1"]) < ALPHA

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 from vllm import SamplingParams, TokensPrompt
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, prompts, shutdown, token_ids
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    check_sampling_distribution,
+    make_llm,
+    prompts,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
@@ -136,3 +143,9 @@ def test_cost_gate_by_source_stays_identical(model_path, eval_prompts, plain):
         assert a == b, f"prompt {i} differs from plain decoding"
     tried = {name for name, c in gate["classes"].items() if c["first_tries"] > 0}
     assert "bigram" in tried and any(n.startswith("context:") for n in tried), gate["classes"]
+
+
+def test_sampling_follows_plain_decoding(engine, sampled_reference):
+    """Context drafts are deterministic (vLLM verifies them as one-hot): continuations
+    follow plain decoding's distribution."""
+    check_sampling_distribution(engine, sampled_reference)

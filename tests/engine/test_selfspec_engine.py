@@ -10,7 +10,14 @@ q handed to vLLM's rejection sampler, and the CPU sampler fix (P4).
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, check_request_control, make_llm, shutdown, token_ids
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    check_request_control,
+    check_sampling_distribution,
+    make_llm,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 
@@ -103,12 +110,12 @@ def test_mixed_greedy_and_sampled_batch(uniform_engine, eval_prompts, reference)
 
 def test_failing_draft_steps_do_not_stop_requests(uniform_engine, eval_prompts, reference):
     uniform_engine.collective_rpc(control.set_cost_gate, args=(False,))  # draft every step
-    uniform_engine.collective_rpc(control.inject_draft_failures, args=(3,))
+    uniform_engine.collective_rpc(control.inject_faults, args=(3,))
     try:
         out = token_ids(uniform_engine.generate(eval_prompts, GREEDY, use_tqdm=False))
         stats = uniform_engine.collective_rpc(control.drafter_stats)[0]
     finally:
-        uniform_engine.collective_rpc(control.inject_draft_failures, args=(0,))
+        uniform_engine.collective_rpc(control.inject_faults, args=(0,))
         uniform_engine.collective_rpc(control.set_cost_gate, args=(True,))
     assert stats["failures"] > 0
     assert out == reference
@@ -117,3 +124,13 @@ def test_failing_draft_steps_do_not_stop_requests(uniform_engine, eval_prompts, 
 def test_structured_outputs_and_per_request_control(uniform_engine, eval_prompts, reference,
                                                     structured_reference):
     check_request_control(uniform_engine, eval_prompts, reference, structured_reference)
+
+
+def test_sampling_follows_plain_decoding_with_low_bit_drafts(uniform_engine, sampled_reference):
+    """With its defaults (low-bit drafts, q from the low-bit pass) the continuations follow
+    plain decoding's distribution (chi-square homogeneity, helpers.check_sampling_distribution)."""
+    uniform_engine.collective_rpc(control.set_cost_gate, args=(False,))  # draft every step
+    try:
+        check_sampling_distribution(uniform_engine, sampled_reference)
+    finally:
+        uniform_engine.collective_rpc(control.set_cost_gate, args=(True,))
