@@ -20,6 +20,7 @@ from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
 from vllm_selfspec.proposers.ngrammys_chimera import DEFAULT_WIDTH as NGRAMMYS_CHIMERA_WIDTH
 from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions
 from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryOptions
+from vllm_selfspec.proposers.ngrammys_selfspec import NGrammysSelfSpecOptions
 from vllm_selfspec.proposers.options import option_fields
 from vllm_selfspec.proposers.swift import SwiftOptions
 
@@ -234,8 +235,22 @@ NGRAMMYS_CHIMERA = Method(
     check=_check_query_lengths,
 )
 
+NGRAMMYS_SELFSPEC = Method(
+    name="ngrammys-selfspec",
+    aliases=("ngrammys_selfspec",),
+    proposer="vllm_selfspec.proposers.ngrammys_selfspec:NGrammysSelfSpecProposer",
+    skip_mask="vllm_selfspec.masks:resolve_skip_mask",
+    prepare="vllm_selfspec.plugin:resolve_ngrammys_selfspec_artifacts",
+    default_k=12,
+    summary="context n-grams, earlier requests and a datastore where they match; the model's "
+            "own low-bit self-draft (Draft & Verify through low-bit weights) elsewhere",
+    options=NGrammysSelfSpecOptions,
+    check=_check_query_lengths,
+)
+
 METHODS: dict[str, Method] = {m.name: m for m in (SELFSPEC, SWIFT, LAYERSKIP, NGRAMMYS,
-                                                  NGRAMMYS_HISTORY, CHIMERA, NGRAMMYS_CHIMERA)}
+                                                  NGRAMMYS_HISTORY, CHIMERA, NGRAMMYS_CHIMERA,
+                                                  NGRAMMYS_SELFSPEC)}
 ALIASES: dict[str, str] = {a: m.name for m in METHODS.values() for a in (m.name, *m.aliases)}
 
 

@@ -96,13 +96,27 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
 
 
 def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
-    """ngrammys, ngrammys-history: the bigram table, then the datastore (``datastore``:
-    "none", "sharegpt" — the cached one, else built now — or a file), checked against
-    the model from the file header (the worker loads and indexes it)."""
+    """ngrammys, ngrammys-history: the bigram table, then the datastore."""
+    resolve_bigram_table(opts, info, core)
+    resolve_datastore(opts, info, core)
+
+
+def resolve_ngrammys_selfspec_artifacts(opts: dict[str, Any], info: Any,
+                                        core: dict[str, Any]) -> None:
+    """ngrammys-selfspec: the datastore (no bigram table: the self-draft takes its place)
+    and, with key draft_vocab, the draft vocabulary."""
+    from vllm_selfspec.checkpoints import resolve_draft_vocab
+
+    resolve_datastore(opts, info, core)
+    resolve_draft_vocab(opts, info, core)
+
+
+def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+    """Key ``datastore``: "none", "sharegpt" (the cached one, else built now) or a file,
+    checked against the model from the file header (the worker loads and indexes it)."""
     from vllm_selfspec.proposers.datastore import Datastore
     from vllm_selfspec.proposers.ngrammys import NO_DATASTORE, SHAREGPT
 
-    resolve_bigram_table(opts, info, core)
     store = str(opts.get("datastore") or NO_DATASTORE)
     if store.lower() == NO_DATASTORE:
         return

@@ -13,7 +13,8 @@ from vllm_selfspec.offline.spec_metrics import acceptance
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["ngrammys", "ngrammys-history", "ngrammys-chimera"])
+@pytest.fixture(scope="module", params=["ngrammys", "ngrammys-history", "ngrammys-chimera",
+                                        "ngrammys-selfspec"])
 def engine(request, model_path):
     llm = make_llm(model_path, speculative_config={"method": request.param})
     yield llm
@@ -23,6 +24,25 @@ def engine(request, model_path):
 def test_structured_outputs_and_per_request_control(engine, eval_prompts, reference,
                                                     structured_reference):
     check_request_control(engine, eval_prompts, reference, structured_reference)
+
+
+def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
+        model_path, eval_prompts, reference):
+    """Context n-grams where the text repeats, the low-bit self-draft elsewhere (gate off:
+    every request drafts every step); greedy output identical to plain decoding."""
+    from vllm_selfspec import control
+
+    llm = make_llm(model_path, speculative_config={"method": "ngrammys-selfspec",
+                                                    "cost_gate": False})
+    try:
+        outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
+                            use_tqdm=False)
+        stats = llm.collective_rpc(control.drafter_stats)[0]
+    finally:
+        shutdown(llm)
+    assert token_ids(outs) == reference
+    assert stats["from_selfspec"] > 0 and stats["from_context"] > 0, stats
+    assert stats["draft_weights"] == "w8a8" and acceptance(outs).accepted > 0
 
 
 def test_long_prompts_draft_nothing(model_path, eval_prompts, reference):

@@ -340,9 +340,10 @@ GUARDS = {  # feature -> (guard arguments, message fragment, methods it refuses)
 }
 SCOPE = {  # which methods each scope covers, by the proposer's flags
     "all": {"selfspec", "swift", "layerskip", "ngrammys", "ngrammys-history", "chimera",
-            "ngrammys-chimera"},
-    "reads": {"selfspec", "swift", "layerskip", "chimera", "ngrammys-chimera"},
-    "layers": {"selfspec", "swift", "layerskip"},
+            "ngrammys-chimera", "ngrammys-selfspec"},
+    "reads": {"selfspec", "swift", "layerskip", "chimera", "ngrammys-chimera",
+              "ngrammys-selfspec"},
+    "layers": {"selfspec", "swift", "layerskip", "ngrammys-selfspec"},
     "states": {"chimera", "ngrammys-chimera"},
 }
 

@@ -1,0 +1,132 @@
+"""Context n-grams, earlier requests and a datastore first; the model's own low-bit
+self-draft where none of them has a match.
+
+A composition of two papers' drafters, not either one, so it has its own method name
+(``ngrammys-selfspec``):
+
+* N-Grammys §4.2 context n-grams, then earlier requests (SuffixDecoding's cross-request
+  idea) and a REST datastore, as ``ngrammys-history`` drafts them (``NGrammysProposer``
+  without its bigram table): near-free, and long and accurate where text repeats;
+* Draft & Verify §3 for the requests none of them matches, in place of N-Grammys'
+  bigram rows: the target drafts for itself through its kept sub-layers, by default
+  through low-bit copies of its weights (key ``draft_weights``), which agree with the
+  target's greedy token most of the time for a fraction of a decode step per token; the
+  adaptive draft-exit threshold (§3.4) learns from those drafts only.
+
+A source the cost gate holds back for a request (its evidence class does not pay) falls
+through to the self-draft. The gate prices the self-draft's tokens on their own (they
+cost a fraction of a step, n-gram tokens almost nothing). Sampling: n-gram drafts are
+deterministic (one-hot q); self-drafts are drawn from the low-bit pass's q.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .base import DraftBatch, Proposal, Verification
+from .layer_skip import SelfSpecOptions, SelfSpecProposer
+from .ngrammys import DATASTORE_HELP, HISTORY_HELP, SHAREGPT, NGrammysProposer
+from .options import option
+from .past_requests import DEFAULT_HISTORY_TOKENS
+
+SELF_DRAFT = "selfspec"  # the evidence class of the self-draft's drafts
+
+
+@dataclass(frozen=True)
+class NGrammysSelfSpecOptions(SelfSpecOptions):
+    """Method ``ngrammys-selfspec``'s keys: ``selfspec``'s, and the n-gram sources'."""
+
+    query_length: int = option(3, "longest context query; shorter ones are tried after it down "
+                               "to min_query_length", "int", 1, 16, symbol="q")
+    min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
+    datastore: str = option(SHAREGPT, DATASTORE_HELP, "str")
+
+
+class NGrammysSelfSpecProposer(SelfSpecProposer):
+    """Method ``ngrammys-selfspec``."""
+
+    options_class = NGrammysSelfSpecOptions
+
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+        super().__init__(num_speculative_tokens, options)
+        c = self.cfg
+        # ngrammys' sources without its bigram rows (the self-draft takes their place)
+        self.ngrams = NGrammysProposer(num_speculative_tokens, {
+            "bigram_table": "none", "num_rows": 1, "query_length": c.query_length,
+            "min_query_length": c.min_query_length, "history_tokens": c.history_tokens,
+            "datastore_path": options.get("datastore_path"),
+            "datastore_obj": options.get("datastore_obj")})
+        self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
+        self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
+                           "from_selfspec": 0})
+
+    def observe(self, results: list[Verification]) -> None:
+        """Base counters for every draft; the draft-exit threshold learns from the
+        self-drafts only (an n-gram chain's acceptance says nothing of the draft's
+        confidence)."""
+        for r in results:
+            self.stats["drafts"] += 1
+            self.stats["drafted"] += r.drafted
+            self.stats["accepted"] += r.accepted
+            if r.req_id in self.self_drafted:
+                self.exit.observe(r.drafted, r.accepted, reached_max=r.drafted >= self.k)
+        self.self_drafted.clear()
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        evidence = [""] * len(batch.req_ids)
+        if batch.token_ids is None or batch.num_tokens is None:
+            return Proposal(drafts)
+        rest = []
+        for r in batch.requests:
+            if r.max_len <= 0:
+                continue
+            history = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
+            rows, labels = self.ngrams.candidates(history, r.req_id)
+            cap = batch.cap(r, labels[0]) if rows else 0
+            if cap > 0:
+                drafts[r.row] = [int(t) for t in rows[0][:cap]]
+                evidence[r.row] = labels[0]
+                self.stats["from_" + labels[0].split(":")[0]] += 1
+                continue
+            cap = batch.cap(r, SELF_DRAFT)
+            if cap > 0:
+                rest.append(dataclasses.replace(r, max_len=cap))
+                evidence[r.row] = SELF_DRAFT
+        probs, timed = None, None
+        if rest:
+            t0 = time.perf_counter()
+            own = super().propose(DraftBatch(batch.req_ids, rest, batch.token_ids,
+                                             batch.num_tokens))
+            for r in rest:
+                drafts[r.row] = own.drafts[r.row]
+                if own.drafts[r.row]:
+                    self.self_drafted.add(r.req_id)
+            self.stats["from_selfspec"] += len(self.self_drafted)
+            probs = own.probs
+            timed = {SELF_DRAFT: (sum(len(drafts[r.row]) for r in rest),
+                                  time.perf_counter() - t0)}
+        if probs is not None:  # n-gram drafts are one-hot in a sampled batch
+            for r in batch.requests:
+                if evidence[r.row] not in ("", SELF_DRAFT):
+                    for i, t in enumerate(drafts[r.row]):
+                        probs[r.row, i, t] = 1.0
+        return Proposal(drafts, probs, evidence=evidence, timed=timed)
+
+    def finish(self, req_ids: set[str]) -> None:
+        super().finish(req_ids)
+        self.ngrams.finish(req_ids)
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), **self.ngrams.report()}
+
+    def describe(self) -> str:
+        return (f"ngrammys-selfspec: {self.ngrams.describe().split(':')[0]}, else "
+                + super().describe())

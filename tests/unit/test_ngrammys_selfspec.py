@@ -1,0 +1,82 @@
+"""ngrammys-selfspec: n-gram sources where they match, the self-draft elsewhere."""
+
+import numpy as np
+import torch
+
+from tests.unit.test_layer_skip_proposer import FakeTarget, V
+from vllm_selfspec import methods
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
+from vllm_selfspec.proposers.ngrammys_selfspec import SELF_DRAFT, NGrammysSelfSpecProposer
+from vllm_selfspec.proposers.skip_mask import SkipMask
+
+
+def make(k=4, **opts):
+    p = NGrammysSelfSpecProposer(k, {"mask": SkipMask(), "history_tokens": 0,
+                                     "query_length": 2, "min_query_length": 2, **opts})
+    t = FakeTarget()
+    p.bind(t)
+    return p, t
+
+
+def batch(rows, temperature=0.0, limit=None):
+    ids = np.zeros((len(rows), 64), dtype=np.int32)
+    reqs = []
+    for i, toks in enumerate(rows):
+        ids[i, : len(toks)] = toks
+        reqs.append(DraftRequest(row=i, req_id=f"r{i}", position=len(toks) - 1,
+                                 token=toks[-1], max_len=8, temperature=temperature))
+    return DraftBatch([f"r{i}" for i in range(len(rows))], reqs, ids,
+                      np.array([len(t) for t in rows]), limit=limit)
+
+
+# "9 3" occurred before: a context match proposes 5 6 7 ...; the second has no repeat
+REPEAT = [9, 3, 5, 6, 7, 11, 12, 9, 3]
+FRESH = [1, 2, 4, 8, 10, 13, 14]
+
+
+def test_context_matches_draft_n_grams_the_rest_self_drafts():
+    p, t = make(k=4)
+    out = p.propose(batch([REPEAT, FRESH]))
+    assert out.drafts[0] == [5, 6, 7, 11]  # the context continuation
+    assert out.drafts[1] == [15, 0, 1, 2]  # the fake target: next = token + 1 (mod V)
+    assert out.evidence[0].startswith("context") and out.evidence[1] == SELF_DRAFT
+    assert [c[0] for c in t.calls] == [[1]] * 4  # the self-draft ran for the fresh row only
+    assert out.timed is not None and out.timed[SELF_DRAFT][0] == 4
+    assert p.stats["from_context"] == 1 and p.stats["from_selfspec"] == 1
+
+
+def test_a_source_the_gate_holds_back_falls_through_to_the_self_draft():
+    p, t = make(k=4)
+    out = p.propose(batch([REPEAT], limit=lambda cls: 0 if cls.startswith("context") else 8))
+    assert out.drafts[0] == [4, 5, 6, 7] and out.evidence[0] == SELF_DRAFT
+    out = p.propose(batch([REPEAT], limit=lambda cls: 0))
+    assert out.drafts[0] == [] and t.calls  # nothing pays: nothing drafted
+
+
+def test_sampled_batch_hands_q_for_self_drafts_and_one_hot_for_n_grams():
+    p, _ = make(k=3)
+    out = p.propose(batch([REPEAT, FRESH], temperature=1.0))
+    assert out.probs is not None and out.probs.shape == (2, 3, V)
+    for i, tok in enumerate(out.drafts[0]):
+        assert float(out.probs[0, i, tok]) == 1.0 and float(out.probs[0, i].sum()) == 1.0
+    q = out.probs[1, : len(out.drafts[1])]
+    assert torch.allclose(q.sum(-1), torch.ones(len(out.drafts[1])))
+
+
+def test_only_self_drafts_move_the_draft_exit_threshold():
+    p, _ = make(k=4)
+    before = p.exit.threshold
+    p.propose(batch([REPEAT, FRESH]))  # r0: n-gram draft, r1: self-draft
+    p.observe([Verification("r0", 4, 0)])  # a rejected n-gram chain: not the draft's doing
+    assert p.exit.threshold == before
+    p.propose(batch([REPEAT, FRESH]))
+    p.observe([Verification("r1", 4, 0)])
+    assert p.exit.threshold != before
+    assert p.stats["drafts"] == 2
+
+
+def test_registered_with_selfspec_and_n_gram_keys():
+    m, core, opts = methods.split_config({"method": "ngrammys-selfspec"})
+    assert core["num_speculative_tokens"] == 12
+    assert opts["draft_weights"] == "w8a8" and opts["datastore"] == "sharegpt"
+    assert opts["history_tokens"] > 0 and "bigram_table" not in opts
