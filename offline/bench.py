@@ -7,7 +7,7 @@ take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, the default ``aut
 order rotates every turn), each timed by its own clock that runs only while it steps: the
 machine's swings, which last seconds, hit every method alike. On this 2-core machine
 identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
-each engine in its own processes, as before stop 29) differed by up to 7.5% over 8
+each engine in its own processes, the older bench mode) differed by up to 7.5% over 8
 prompts; step by step by 0.6-3.0%, the later-started engines faster, so in ``steps`` mode
 the baseline is timed twice, by the engine started first and a twin started last, and
 its time is their mean. In ``steps`` mode the engines run in this process
@@ -353,7 +353,7 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     stepped = interleave == "steps"
     # In this process an engine started later steps faster: identical baseline engines
     # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs, and a baseline started
-    # last made the method started first look 2-7% slower per prompt (docs/results.md, stop 29). So
+    # last made the method started first look 2-7% slower per prompt. So
     # the baseline is timed twice, by an engine started first and a twin started last, and
     # its time is their mean (``merge_twin``): a start-order effect linear in the position
     # cancels, and the twins' spread shows how large it was in this run.

@@ -4,7 +4,7 @@
 run only on CPU (the GPU machines it borrows have no vLLM). This tool times the same walk
 through transformers (``offline.hf_target.HFTarget.draft_hidden``: the sub-layers a mask
 keeps, one query token over the full model's cached K/V, final norm, LM head, argmax) on
-any device, in four passes (issue 15 §3b):
+any device, in four passes:
 
 * ``eager``: every operation launched from Python, as the plugin's draft pass runs today;
 * ``graph``: the eager pass captured once per mask in a CUDA graph and replayed

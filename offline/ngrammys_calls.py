@@ -178,7 +178,7 @@ class RecycledSuccessors:
     static bigram table where a token has not been seen. Under greedy verification the
     target's top-1 at a verified position is the token it emitted there, so the table
     is learnt from emitted tokens; the paper's other top-k entries feed its draft
-    tree, which one verified chain per request cannot use. Replay only (issue 16)."""
+    tree, which one verified chain per request cannot use. Replay only."""
 
     def __init__(self, static: BigramTable) -> None:
         self.static = static
@@ -382,7 +382,7 @@ def agreement(dev: list[tuple[list[int], list[int]]], test: list[tuple[list[int]
 
 def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
                  history_tokens: int, vpt: float) -> list[dict[str, Any]]:
-    """Issue 16's per-request draft length, measured before it is built: the acceptance
+    """A per-request draft length, measured before it is built: the acceptance
     of each chain position given the ones before it were accepted, per source; the
     length per source that maximises (1 + E[accepted]) / (1 + d * verify cost); the
     estimated speedup with those lengths; and the ceiling (every step drafts exactly
@@ -445,7 +445,7 @@ def three_rows(prop: NGrammysProposer, table: BigramTable, h: np.ndarray, rid: s
 
 def row_choice(data: list[tuple[list[int], list[int]]], table: BigramTable, width: int,
                history_tokens: int, vpt: float) -> list[dict[str, Any]]:
-    """Issue 16: how much can choosing among ``ngrammys-history``'s three rows (the request's
+    """How much can choosing among ``ngrammys-history``'s three rows (the request's
     own context, earlier requests, the bigram table) add? Each step builds all three as the
     engine's proposer does (one buffer of earlier requests over ``data`` in order), drafts
     the one a rule picks and yields 1 + its match; the oracles pick the row that matches

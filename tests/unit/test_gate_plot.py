@@ -1,4 +1,4 @@
-"""tools/gate_plot.py draws the cost gate's decisions of a bench report (issue 15)."""
+"""tools/gate_plot.py draws the cost gate's decisions of a bench report."""
 
 import json
 

@@ -1,5 +1,5 @@
 """tools/swift_stream.py --shift-from: the re-entry stream is the prompts a fixed set
-accepted most, then those it accepted least (issue 15)."""
+accepted most, then those it accepted least."""
 
 from __future__ import annotations
 
