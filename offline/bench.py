@@ -178,9 +178,10 @@ def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
     rate = acc.acceptance_rate  # None for the baseline: nothing drafted
     if rate is None and e.method != "baseline":
         rate = 0.0
-    identical = None
+    identical = agreement = None
     if greedy:
         identical = all(e.outputs[k] == base.outputs[k] for k in base.outputs)
+        agreement = agreement_with(e.outputs, base.outputs)
     return {
         "method": e.label, "base_method": e.method, "config": e.config,
         "tokens": e.tokens, "seconds": round(e.seconds, 4), "tokens_per_s": round(tps, 3),
@@ -190,8 +191,22 @@ def result_row(e: Entry, base: Entry, greedy: bool) -> dict[str, Any]:
         "tokens_per_step": round(acc.tokens_per_step, 4),
         "num_drafts": acc.drafts, "num_draft_tokens": acc.draft_tokens,
         "num_accepted_tokens": acc.accepted, "identical_to_baseline": identical,
-        "round_seconds": e.round_seconds, **e.extra,
+        "agreement": agreement, "round_seconds": e.round_seconds, **e.extra,
     }
+
+
+def agreement_with(outputs: dict[str, list[int]], base: dict[str, list[int]]) -> dict[str, float]:
+    """How far greedy outputs follow the baseline's: the share of requests identical to it,
+    and the mean share of each request's tokens before its first difference (in bfloat16
+    verifying several tokens at once changes the arithmetic, so near-ties may flip)."""
+    same, prefix = 0, 0.0
+    for k, ref in base.items():
+        out = outputs.get(k, [])
+        n = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+        same += out == ref
+        prefix += n / max(1, len(ref))
+    total = max(1, len(base))
+    return {"requests": round(same / total, 4), "tokens_before_difference": round(prefix / total, 4)}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

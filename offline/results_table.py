@@ -1,6 +1,13 @@
-"""Render tools/bench.py JSON reports as the markdown tables the README shows.
+"""Render tools/bench.py JSON reports as the markdown tables the README and docs show.
 
     python tools/results_table.py results/bench-mtbench.json [more.json ...]
+    python tools/results_table.py --runs results/x/check-mtbench-{1,2,3}.json
+
+``--runs``: the reports are repeated runs of one command; one table with each method's
+median speedup and the spread (lowest–highest) beside it, the median mean acceptance
+length, and whether every run was identical to plain decoding (float32) or how many
+requests agreed with it (bfloat16, where verifying several tokens at once changes the
+arithmetic).
 """
 
 from __future__ import annotations
@@ -37,16 +44,54 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def runs_table(reports: list[dict[str, Any]]) -> str:
+    """One table over repeated runs of one command: per method the median speedup with
+    its spread, the median mean acceptance length and identity in every run."""
+    import statistics
+
+    first = reports[0]["config"]
+    lines = [f"`{first['command']}` — {len(reports)} runs; median (lowest–highest)", "",
+             "| method | speedup | mean acceptance length | identical to plain |",
+             "| --- | --- | --- | --- |"]
+    methods = [r["method"] for r in reports[0]["results"]]
+    for m in methods:
+        rows = [next(r for r in rep["results"] if r["method"] == m) for rep in reports]
+        sp = [r["speedup"] for r in rows]
+        al = [r["mean_acceptance_length"] for r in rows if r["mean_acceptance_length"]]
+        same = [r["identical_to_baseline"] for r in rows]
+        agree = [r.get("agreement") for r in rows]
+        if all(same):
+            ident = "yes" if m != methods[0] else "–"
+        elif all(isinstance(a, dict) for a in agree):
+            req = statistics.median(a["requests"] for a in agree)
+            tok = statistics.median(a["tokens_before_difference"] for a in agree)
+            ident = f"{req:.2f} of requests; {tok:.2f} of tokens before a difference"
+        else:
+            ident = f"**{sum(bool(x) for x in same)} of {len(same)} runs**"
+        lines.append(f"| {m} | {statistics.median(sp):.2f}x ({min(sp):.2f}–{max(sp):.2f}) | "
+                     f"{fmt(statistics.median(al)) if al else '–'} | {ident} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("reports", nargs="+", help="tools/bench.py JSON reports")
-    for p in ap.parse_args(argv).reports:
+    ap.add_argument("--runs", action="store_true",
+                    help="the reports are runs of one command: one table of medians")
+    args = ap.parse_args(argv)
+    reports = []
+    for p in args.reports:
         with open(p) as f:
-            print(table(json.load(f)))
-            print()
+            reports.append(json.load(f))
+    if args.runs:
+        print(runs_table(reports))
+        return
+    for rep in reports:
+        print(table(rep))
+        print()
 
 
 if __name__ == "__main__":
