@@ -2,10 +2,11 @@
 """Quickstart: the plugin's methods inside vLLM on the embedded model (SmolLM2-135M).
 
 A small side-by-side run (tools/bench.py: same prompts, interleaved, greedy, float32)
-of plain decoding, vLLM's `ngram`, and this plugin's `ngrammys` and `chimera`, printed
-as a table, then one of the answers. vLLM's own logs stay at warning level;
-``--verbose`` brings them back. The first `ngrammys` engine builds the model's bigram
-table once (cached); `chimera` uses the checkpoint shipped for the embedded model.
+of plain decoding, vLLM's `ngram`, and this plugin's `ngrammys` (near-free n-gram drafts)
+and `selfspec` (the model drafting for itself through low-bit copies of its layers), printed
+as a table, then one of the answers. vLLM's own logs stay at warning level; ``--verbose``
+brings them back. The first `ngrammys` engine builds the model's bigram table once
+(cached); `selfspec` makes its low-bit copies at start-up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--verbose", action="store_true", help="show vLLM's info logs")
-    ap.add_argument("--methods", default="baseline,ngram,ngrammys,chimera")
+    ap.add_argument("--methods", default="baseline,ngram,ngrammys,selfspec")
     ap.add_argument("--num-prompts", type=int, default=4)
     args = ap.parse_args(argv)
     if not args.verbose:
