@@ -100,6 +100,7 @@ def check_request_control(llm: Any, eval_prompts: list[Any], reference: list[lis
     """
     import pytest
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError  # what vLLM's own parameter checks raise
 
     assert structured_outputs(llm, eval_prompts) == structured_reference
     off = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
@@ -113,7 +114,7 @@ def check_request_control(llm: Any, eval_prompts: list[Any], reference: list[lis
         if i % 2 == 0:
             assert m is None or m.num_draft_tokens == 0, (i, m)
     bad = SamplingParams(max_tokens=4, temperature=0.0, extra_args={"num_speculative_tokens": -1})
-    with pytest.raises(ValueError, match=r"num_speculative_tokens .* must be an integer") as e:
+    with pytest.raises(VLLMValidationError, match=r"num_speculative_tokens .* must be an integer") as e:
         llm.generate(eval_prompts[:1], bad, use_tqdm=False)
     assert "\n" not in str(e.value)
     assert token_ids(llm.generate(eval_prompts[:1], plain, use_tqdm=False)) == reference[:1]
@@ -159,8 +160,19 @@ def homogeneity_p(a: list[tuple[int, ...]], b: list[tuple[int, ...]], min_expect
     return float(chi2_contingency([[r[i] for i in cols] for r in rows])[1])
 
 
-# a method's sample is refused when the test says p < ALPHA (the broken q of the fault hook
-# gives p < 1e-30 here; correct methods' p-values are spread over (0, 1))
+def distribution_p(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> float:
+    """p-value that two samples of continuations come from one distribution, tested on
+    each prefix of 2 .. SAMPLE_TOKENS tokens (Bonferroni over the prefixes). Whole
+    continuations are mostly unique at temperature 1, so most fall into the one bin of
+    rare outcomes; the short prefixes, where the first verified draft decides, are
+    concentrated enough for the test to see a wrong q."""
+    lengths = range(2, SAMPLE_TOKENS + 1)
+    p = min(homogeneity_p([t[:n] for t in a], [t[:n] for t in b]) for n in lengths)
+    return min(1.0, p * len(lengths))
+
+
+# a method's sample is refused when the test says p < ALPHA (the chimera module checks that
+# the broken q of the fault hook is refused)
 ALPHA = 1e-3
 
 
@@ -172,6 +184,6 @@ def check_sampling_distribution(llm: Any, sampled_reference: tuple[Any, dict]) -
     out = {}
     for setting, ref in plain_samples.items():
         mine = sample_continuations(llm, prompt, setting, offset=SAMPLES)
-        out[setting] = homogeneity_p(mine, ref)
+        out[setting] = distribution_p(mine, ref)
         assert out[setting] >= ALPHA, (setting, out[setting])
     return out

@@ -172,7 +172,7 @@ def test_sampling_follows_plain_decoding_and_a_wrong_q_is_caught(shipped, sample
     accepted) handed to vLLM's rejection sampler: the continuations follow plain decoding's
     distribution. With a uniform q in its place (the fault hook), the same test refuses
     them: the check can fail."""
-    from tests.engine.helpers import ALPHA, SAMPLES, homogeneity_p, sample_continuations
+    from tests.engine.helpers import ALPHA, SAMPLES, distribution_p, sample_continuations
 
     check_sampling_distribution(shipped, sampled_reference)
     prompt, plain = sampled_reference
@@ -181,4 +181,4 @@ def test_sampling_follows_plain_decoding_and_a_wrong_q_is_caught(shipped, sample
         broken = sample_continuations(shipped, prompt, "t1", offset=2 * SAMPLES)
     finally:
         shipped.collective_rpc(control.inject_faults, args=(0,))
-    assert homogeneity_p(broken, plain["t1"]) < ALPHA
+    assert distribution_p(broken, plain["t1"]) < ALPHA

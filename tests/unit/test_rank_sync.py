@@ -240,7 +240,7 @@ def _runner(rows: int = 2):
     for i in range(rows):
         tok[i, :4] = [1, 5, 6, 7 + i]
     sp = SimpleNamespace(temperature=0.0, top_k=0, top_p=1.0, max_tokens=100, min_tokens=0,
-                         ignore_eos=False, all_stop_token_ids={2})
+                         ignore_eos=False, all_stop_token_ids={2}, extra_args=None)
     reqs = {f"r{i}": SimpleNamespace(sampling_params=sp, output_token_ids=[0]) for i in range(rows)}
     return SimpleNamespace(input_batch=SimpleNamespace(token_ids_cpu=tok,
                                                        num_tokens_no_spec=np.full(rows, 4)),

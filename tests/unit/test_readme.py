@@ -55,3 +55,28 @@ def test_every_method_is_introduced_in_the_readme():
     text = README.read_text()
     for name in methods.METHODS:
         assert f"**`{name}`**" in text, f"the README does not introduce {name}"
+
+
+# the project's own issues and work sessions ("issue" or "stop" and a number); vLLM's are
+# cited with their "#" ("vLLM issue #" and a number) and stay
+SESSION_REFS = re.compile(r"\b(?:[Ii]ssues?|[Ss]tops?) \d+\b")
+
+
+def _project_texts() -> list[Path]:
+    skip = {".venv", ".git", "results", "build", "__pycache__"}
+    out = []
+    for p in ROOT.rglob("*"):
+        if p.suffix in {".py", ".md", ".toml", ".cfg", ".sh"} or p.name == "Makefile":
+            if not skip.intersection(p.relative_to(ROOT).parts) and p.is_file():
+                out.append(p)
+    return out
+
+
+def test_no_issue_or_session_numbers():
+    """Code and docs name the change, not the issue or work session that made it."""
+    texts = _project_texts()
+    assert ROOT / "README.md" in texts and ROOT / "proposers" / "cost_gate.py" in texts
+    hits = [f"{p.relative_to(ROOT)}:{i}: {m.group(0)}" for p in texts
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            for m in SESSION_REFS.finditer(line)]
+    assert not hits, "\n".join(hits)
