@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import vllm_selfspec
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     entries = parse_methods(args.methods, args.method_config)
     args.interleave = interleave_mode(args.interleave)

@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def prefix_ids(kind: str, model_path: str) -> list[int]:
-    from vllm_selfspec.offline.bigram_build import default_prefix
+    from vllm_selfspec.builders.bigram import default_prefix
 
     if kind == "none":
         return []
@@ -70,7 +70,7 @@ def prefix_ids(kind: str, model_path: str) -> list[int]:
 
 
 def table_spec(args: argparse.Namespace, model_path: str) -> Any:
-    from vllm_selfspec.offline.bigram_build import TableSpec
+    from vllm_selfspec.builders.bigram import TableSpec
 
     return TableSpec(top_k=args.top_k, width=args.width, extension=args.extension,
                      extend_k=args.extend_k, prefix=prefix_ids(args.prefix, model_path),
@@ -83,7 +83,7 @@ def build_with_ray(args: argparse.Namespace, model_path: str) -> Any:
     import torch
     from tqdm import tqdm
 
-    from vllm_selfspec.offline.bigram_build import assemble, load_model, vocab_size
+    from vllm_selfspec.builders.bigram import assemble, load_model, vocab_size
 
     if not ray.is_initialized():
         ray.init(address=args.ray_address, ignore_reinit_error=True, log_to_driver=False)
@@ -94,7 +94,7 @@ def build_with_ray(args: argparse.Namespace, model_path: str) -> Any:
         import torch
 
         torch.set_num_threads(threads)
-        from vllm_selfspec.offline.bigram_build import load_model, shard_rows
+        from vllm_selfspec.builders.bigram import load_model, shard_rows
 
         return shard_rows(load_model(path, getattr(torch, dtype), device), spec, start, end)
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
     from vllm_selfspec.assets import resolve_model
-    from vllm_selfspec.offline.bigram_build import build_table, load_model
+    from vllm_selfspec.builders.bigram import build_table, load_model
     from vllm_selfspec.proposers.artifacts import artifact_path, atomic_path
 
     model_path = resolve_model(args.model)

@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     from tqdm import tqdm
 
     from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.builders.datastore import build_datastore
     from vllm_selfspec.model_info import stamp_from_path
-    from vllm_selfspec.offline.datastore_build import build_datastore
     from vllm_selfspec.proposers.artifacts import artifact_path
 
     path = resolve_model(args.model)

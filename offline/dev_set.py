@@ -1,6 +1,6 @@
 """The dev prompts an offline search or sweep tunes on, and the options every such tool shares.
 
-Prompts come from the dataset's ``dev`` split (``offline.datasets``); evaluation
+Prompts come from the dataset's ``dev`` split (``builders.datasets``); evaluation
 (tools/bench.py) uses the ``test`` split, so nothing is measured on the prompts it
 was tuned on.
 """
@@ -39,7 +39,7 @@ def agreement(agree: list[list[bool]]) -> float:
 
 def load_dev_set(dataset: str, tokenizer: Any, num_prompts: int, max_prompt_tokens: int = 512
                  ) -> DevSet:
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     ps = load_prompts(dataset, tokenizer, "dev", num_prompts, max_prompt_tokens)
     if len(ps) < num_prompts:

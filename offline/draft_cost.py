@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vllm_selfspec import control
     from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.builders.datasets import load_prompts
     from vllm_selfspec.offline import engines
-    from vllm_selfspec.offline.datasets import load_prompts
 
     path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)

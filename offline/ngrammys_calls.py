@@ -113,7 +113,7 @@ def continuations(model_path: str, dataset: str, split: str, n: int, max_tokens:
                   cache: Path) -> tuple[list[list[int]], list[list[int]]]:
     from transformers import AutoTokenizer
 
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     ps = load_prompts(dataset, tok, split, n, 512)

@@ -681,7 +681,7 @@ def sampling_table(rows: list[dict[str, Any]]) -> str:
 def load_prompt_texts(model_path: str, s: Settings) -> list[str]:
     from transformers import AutoTokenizer
 
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     limit = min(s.max_prompt_tokens, s.max_model_len - 2 * s.max_tokens - 16)  # aborts: 2x
     tok = AutoTokenizer.from_pretrained(model_path)

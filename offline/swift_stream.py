@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_stream(spec: str, tok: Any, max_prompt_tokens: int) -> list[tuple[str, Any]]:
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     out = []
     for seg in spec.split(","):
@@ -85,7 +85,7 @@ def shift_stream(log: Path, method: str, n: int, tok: Any, max_prompt_tokens: in
                  ) -> list[tuple[str, Any]]:
     """The re-entry stream: the ``n`` prompts of an earlier run on which ``method``'s
     acceptance rate was highest (segment "high"), then the ``n`` where it was lowest ("low")."""
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     rows = [r for r in read_log(log).get(method, []) if not r.get("summary")]
     if len(rows) < 2 * n:

@@ -163,7 +163,7 @@ def child_main(job_path: str, result_path: str) -> None:
 def load_prompts(model_path: str, num: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from vllm_selfspec.offline.datasets import load_prompts as load
+    from vllm_selfspec.builders.datasets import load_prompts as load
 
     tok = AutoTokenizer.from_pretrained(model_path)
     out: list[list[int]] = []

@@ -14,7 +14,7 @@
 The file is a stamped safetensors file (``artifacts.save_stamped``: format, a
 JSON ``ModelStamp`` and the build metadata in its header); loading it for another
 model or vocabulary is refused.
-Builders live in ``vllm_selfspec.offline.bigram_build`` (they need transformers).
+Builders live in ``vllm_selfspec.builders.bigram`` (they need transformers).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``resolve_model("smollm2-135m")`` returns the folder of the embedded model (and
 ``"qwen2.5-coder-0.5b"`` that of the second architecture), converted from its GGUF
-file on first use (``vllm_selfspec.offline.models``). Anything that is
+file on first use (``vllm_selfspec.builders.models``). Anything that is
 not an alias (a local folder, a hub name) passes through as is.
 """
 
@@ -13,7 +13,7 @@ ALIASES = {"smollm2": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m",
 
 
 def _key(name: str) -> str | None:
-    from vllm_selfspec.offline.models import MODELS
+    from vllm_selfspec.builders.models import MODELS
 
     key = ALIASES.get(name.lower(), name.lower())
     return key if key in MODELS else None
@@ -28,6 +28,6 @@ def resolve_model(name: str) -> str:
     key = _key(name)
     if key is None:
         return name
-    from vllm_selfspec.offline.models import MODELS, prepare
+    from vllm_selfspec.builders.models import MODELS, prepare
 
     return str(prepare(MODELS[key]))

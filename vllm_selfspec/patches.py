@@ -38,6 +38,10 @@ P8  UnquantizedLinearMethod.process_weights_after_loading: while a drafter that 
     layer's loaded float weight to it first (``capture_weights``). On CPU vLLM packs the
     weight for oneDNN and drops the float tensor (linear.py:206-216,
     layers/utils.py:519-590), so the low-bit copy must be made before that.
+P9  InputProcessor._validate_params: a request's ``num_speculative_tokens`` (its
+    SamplingParams.extra_args, the OpenAI server's ``vllm_xargs``) is checked where vLLM
+    checks the rest of its sampling parameters, so a malformed value is refused for that
+    request (VLLMValidationError: a 400 from the server) before it reaches the engine.
 """
 
 from __future__ import annotations

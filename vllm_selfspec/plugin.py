@@ -77,7 +77,7 @@ def _cached_or_built(what: str, find: Callable[[], Any], remedy: str) -> str:
 def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
     from the file header (the worker loads the arrays). ``"none"``: no table."""
-    from vllm_selfspec.offline.bigram_build import table_for_model
+    from vllm_selfspec.builders.bigram import table_for_model
     from vllm_selfspec.proposers.ngram_tables import NO_TABLE, BigramTable
 
     path = opts.get("bigram_table")
@@ -121,7 +121,7 @@ def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> 
     if store.lower() == NO_DATASTORE:
         return
     if store.lower() == SHAREGPT:
-        from vllm_selfspec.offline.datastore_build import datastore_for_model
+        from vllm_selfspec.builders.datastore import datastore_for_model
 
         path = _cached_or_built(
             "datastore", lambda: datastore_for_model(info.path, info.stamp),

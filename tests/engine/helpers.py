@@ -15,7 +15,7 @@ def prompts(model_path: str, num: int = NUM_PROMPTS, dataset: str = "mtbench") -
     from transformers import AutoTokenizer
     from vllm import TokensPrompt
 
-    from vllm_selfspec.offline.datasets import load_prompts
+    from vllm_selfspec.builders.datasets import load_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     return [TokensPrompt(prompt_token_ids=p.token_ids)

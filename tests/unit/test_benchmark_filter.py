@@ -1,8 +1,8 @@
-"""No benchmark text in a datastore or training corpus (offline/benchmark_filter.py)."""
+"""No benchmark text in a datastore or training corpus (vllm_selfspec/builders/benchmark_filter.py)."""
 
-from vllm_selfspec.offline import chimera_data
-from vllm_selfspec.offline.benchmark_filter import BenchmarkFilter, benchmark_filter
-from vllm_selfspec.offline.datasets import load_items
+from vllm_selfspec.builders.benchmark_filter import BenchmarkFilter, benchmark_filter
+from vllm_selfspec.builders.datasets import load_items
+from vllm_selfspec.builders import sharegpt
 
 PROMPT = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
           "cultural experiences and must-see attractions.")
@@ -49,8 +49,8 @@ def test_sharegpt_corpus_leaves_contaminated_conversations_out(monkeypatch):
             {"from": "human", "value": "Write me something about islands."},
             {"from": "gpt", "value": "Here goes: " + PROMPT}]},
     ]
-    monkeypatch.setattr(chimera_data, "sharegpt_conversations", lambda: convs)
-    kept = [c.id for c in chimera_data.sharegpt_prompts()]
+    monkeypatch.setattr(sharegpt, "sharegpt_conversations", lambda: convs)
+    kept = [c.id for c in sharegpt.sharegpt_prompts()]
     assert kept == ["clean"]
-    assert [c.id for c in chimera_data.sharegpt_prompts(decontaminate=False)] == \
+    assert [c.id for c in sharegpt.sharegpt_prompts(decontaminate=False)] == \
         ["clean", "prompt-copied", "answer-copied"]

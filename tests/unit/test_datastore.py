@@ -84,7 +84,7 @@ def test_ngrammys_history_defaults_to_sharegpt_and_none_turns_it_off(monkeypatch
     ``ngrammys-history`` is the ShareGPT datastore, ``ngrammys``' is none."""
     from types import SimpleNamespace
 
-    import vllm_selfspec.offline.datastore_build as db
+    import vllm_selfspec.builders.datastore as db
     from vllm_selfspec.plugin import resolve_ngrammys_artifacts
     from vllm_selfspec.proposers.ngrammys import NGrammysOptions
     from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryOptions
@@ -104,7 +104,7 @@ def test_ngrammys_history_defaults_to_sharegpt_and_none_turns_it_off(monkeypatch
 def test_a_datastore_that_cannot_be_built_is_refused_in_one_line(monkeypatch):
     from types import SimpleNamespace
 
-    import vllm_selfspec.offline.datastore_build as db
+    import vllm_selfspec.builders.datastore as db
     from vllm_selfspec.methods import SelfSpecConfigError
     from vllm_selfspec.plugin import resolve_ngrammys_artifacts
 

@@ -135,8 +135,8 @@ def test_table_roundtrip_and_refusals(tmp_path):
 def test_build_bigram_tool_on_tiny_model(small_vocab_model_path, tmp_path):
     import torch
 
+    from vllm_selfspec.builders.bigram import load_model
     from vllm_selfspec.model_info import stamp_from_model as model_stamp
-    from vllm_selfspec.offline.bigram_build import load_model
 
     out = tmp_path / "tiny.safetensors"
     tiny_model_path = small_vocab_model_path
@@ -194,7 +194,7 @@ def test_bigram_table_none_drafts_from_the_context_only(monkeypatch):
     vocabulary takes tens of minutes to build on CPU) and drafts come from the context."""
     from types import SimpleNamespace
 
-    import vllm_selfspec.offline.bigram_build as bb
+    import vllm_selfspec.builders.bigram as bb
     from vllm_selfspec.plugin import resolve_bigram_table
 
     def no_build(*a):

