@@ -1,8 +1,8 @@
 """No benchmark text in a datastore or training corpus (vllm_selfspec/builders/benchmark_filter.py)."""
 
+from vllm_selfspec.builders import sharegpt
 from vllm_selfspec.builders.benchmark_filter import BenchmarkFilter, benchmark_filter
 from vllm_selfspec.builders.datasets import load_items
-from vllm_selfspec.builders import sharegpt
 
 PROMPT = ("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
           "cultural experiences and must-see attractions.")
