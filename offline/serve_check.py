@@ -16,8 +16,10 @@ reference. Then one server per method (``--servers``: either kind or both):
   failure must be logged once and drafting go on (vLLM's spec-decode counters keep growing
   after it). Then the bad requests (malformed JSON, unknown model, negative max_tokens, ...:
   each must get a 4xx) and one request per OpenAI sampling parameter (``min_p``,
-  ``logit_bias``, ...: served, or refused with a 4xx; never a 5xx); then the server must
-  still answer, and answer right.
+  ``logit_bias``, ...: served, or refused with a 4xx; never a 5xx), then per-request
+  control: a request with drafting off (``vllm_xargs``) and a JSON-schema request must
+  equal the plain server's answers, the first drafting nothing by vLLM's counters, and a
+  malformed draft limit must get a 400; then the server must still answer, and answer right.
 - ``load``: the same for ``--duration`` seconds on a KV cache that fits every client, without
   faults.
 
@@ -98,6 +100,31 @@ SAMPLING_PROBES: dict[str, dict[str, Any]] = {
     "allowed_token_ids": {"allowed_token_ids": [11, 12, 13, 314]},
     "response_format_json": {"response_format": {"type": "json_object"}},
 }
+
+
+# Per-request control and structured outputs (docs/per-request.md), probed after the load
+# when nothing else runs: a request with drafting off and a JSON-schema request must equal
+# the plain server's answer to the same request, the first must draft nothing (vLLM's own
+# counters), and a malformed draft limit gets a 400.
+CONTROL_PROMPT = "List three facts about the moon, one per line."
+CONTROL_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                                   "age": {"type": "integer"}},
+                  "required": ["name", "age"]}
+DRAFT_LIMIT = "num_speculative_tokens"  # vllm_selfspec.bridge.REQUEST_KEY (no vLLM import here)
+
+
+def control_requests(model: str) -> dict[str, dict[str, Any]]:
+    """name -> request body: ``on`` (drafting as the server decides), ``off`` (the same
+    request with drafting off), ``json_schema`` (a response_format schema) and ``malformed``
+    (a draft limit of -1)."""
+    base = {"model": model, "prompt": CONTROL_PROMPT, "max_tokens": 48, "temperature": 0,
+            "return_token_ids": True}
+    return {"on": base,
+            "off": {**base, "vllm_xargs": {DRAFT_LIMIT: 0}},
+            "json_schema": {**base, "prompt": "A person as JSON:", "response_format": {
+                "type": "json_schema", "json_schema": {"name": "person",
+                                                       "schema": CONTROL_SCHEMA}}},
+            "malformed": {**base, "max_tokens": 4, "vllm_xargs": {DRAFT_LIMIT: -1}}}
 
 
 @dataclass
@@ -486,6 +513,41 @@ def probe_sampling(port: int, s: Settings) -> dict[str, dict[str, Any]]:
     return out
 
 
+def probe_request_control(port: int, s: Settings, reference: dict[str, Any],
+                          plain: bool) -> dict[str, dict[str, Any]]:
+    """The control requests one at a time: each answer, the draft tokens vLLM counted while
+    it ran, and (``plain``) the plain server's answers kept in ``reference`` under
+    ``control:NAME`` (to the request without its per-request value: plain decoding)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, body in control_requests(s.model).items():
+        if plain:
+            body = {k: v for k, v in body.items() if k != "vllm_xargs"}
+            if name == "malformed":
+                continue
+        before = metrics(port)
+        if name == "malformed":
+            status, raw = http_call(port, "POST", PATHS["completion"], json.dumps(body).encode(),
+                                    timeout=s.request_timeout)
+            try:
+                err = json.loads(raw).get("error", {})
+                msg = err.get("message", "") if isinstance(err, dict) else str(err)
+            except (json.JSONDecodeError, AttributeError):
+                msg = raw[:300].decode(errors="replace")
+            out[name] = {"status": status, "message": msg}
+            continue
+        r = generate(port, "completion", body, s.request_timeout)
+        drafted = (_count(metrics(port), "spec_decode_num_draft_tokens")
+                   - _count(before, "spec_decode_num_draft_tokens"))
+        out[name] = {"ok": r["ok"], "status": r["status"], "text": r.get("text"),
+                     "token_ids": r.get("token_ids"), "drafted": drafted}
+        if plain and r["ok"]:
+            reference[f"control:{name}"] = {"text": r["text"], "token_ids": r["token_ids"]}
+        elif not plain:
+            ref = reference.get(f"control:{name}")
+            out[name]["identical"] = bool(r["ok"] and ref and same_answer(r, ref))
+    return out
+
+
 def run_server(method: str, kind: str, s: Settings, model_path: str, prompts: list[str],
                reference: dict[str, Any], log_dir: Path, probes: bool) -> dict[str, Any]:
     """Start one server, load it, probe it, stop it; the record of what happened."""
@@ -542,6 +604,8 @@ def run_server(method: str, kind: str, s: Settings, model_path: str, prompts: li
         if probes:
             rec["bad_requests"] = probe_bad_requests(server.port, s)
             rec["sampling"] = probe_sampling(server.port, s)
+            rec["request_control"] = probe_request_control(server.port, s, reference,
+                                                           plain=method == PLAIN)
         # still up, and still right, after all of it
         job = load.jobs[0]
         final = generate(server.port, job.endpoint, load.body(job, False), s.request_timeout)
@@ -622,6 +686,19 @@ def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str,
     if bad and row["bad_4xx"] != row["bad_total"]:
         probs.append("bad requests without a 4xx: " + ", ".join(
             f"{k} -> {v}" for k, v in bad.items() if v is None or not 400 <= v < 500))
+    control = next((r["request_control"] for r in ok if "request_control" in r), None)
+    row["request_control"] = control
+    if control and method != PLAIN:
+        for name in ("on", "off", "json_schema"):
+            if not control[name].get("identical"):
+                probs.append(f"request control: the {name} request differs from plain "
+                             f"({control[name].get('status')})")
+        if control["off"].get("drafted"):
+            probs.append(f"request control: the request with drafting off drafted "
+                         f"{control['off']['drafted']} tokens")
+        if control["malformed"]["status"] != 400:
+            probs.append(f"request control: a malformed draft limit got "
+                         f"{control['malformed']['status']}, not 400")
     sampling = next((r["sampling"] for r in ok if "sampling" in r), None)
     row["sampling"] = sampling
     row["refused"] = sorted(k for k, v in (sampling or {}).items()
@@ -633,14 +710,25 @@ def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str,
     return row
 
 
+def _control_cell(row: dict[str, Any]) -> str:
+    """off identical and drafting nothing / schema identical / malformed status."""
+    c = row.get("request_control")
+    if not c or row["method"] == PLAIN:
+        return "—"
+    off = "yes" if c["off"].get("identical") and not c["off"].get("drafted") else "NO"
+    schema = "yes" if c["json_schema"].get("identical") else "NO"
+    return (f"off {off} ({c['off'].get('drafted')} drafted, {c['on'].get('drafted')} with it on)"
+            f", schema {schema}, malformed {c['malformed']['status']}")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     def yes(flag: bool, n: Any) -> str:
         return f"{'yes' if flag else 'NO'} ({n})"
 
     lines = ["| method | served | failed | identical to plain | aborts survived | preemptions "
              "survived | injected faults survived | bad requests 4xx | sampling params refused "
-             "(4xx) | up after the probes |",
-             "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- |"]
+             "(4xx) | per-request control | up after the probes |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | --- | --- |"]
     for r in rows:
         pre = "—" if r["preemptions"] is None else yes(r["preemptions_survived"], r["preemptions"])
         if r["method"] == PLAIN or r["faults"] is None:
@@ -655,7 +743,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         up = "yes" if r["up_after"] else "NO" + (f" ({first_5xx})" if first_5xx else "")
         lines.append(f"| `{r['method']}` | {r['served']} | {r['failed']} | "
                      f"{r['identical']}/{r['compared']} | {r['aborts_survived']}/{r['aborts']} | "
-                     f"{pre} | {flt} | {bad} | {refused} | {up} |")
+                     f"{pre} | {flt} | {bad} | {refused} | {_control_cell(r)} | {up} |")
     return "\n".join(lines)
 
 

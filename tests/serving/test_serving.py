@@ -39,6 +39,10 @@ def test_short_serving(tmp_path):
         assert row["aborts_survived"] == 1 and row["preemptions"] > 0
         assert row["bad_4xx"] == 1 and row["up_after"]
     assert plain["refused"] == [] and ngrammys["refused"] == ["min_p"]
+    control = ngrammys["request_control"]  # drafting off, a JSON schema, a bad draft limit
+    assert control["on"]["drafted"] > 0 and control["off"]["drafted"] == 0, control
+    assert control["off"]["identical"] and control["json_schema"]["identical"], control
+    assert control["malformed"]["status"] == 400 and "\n" not in control["malformed"]["message"]
     f = ngrammys["faults"]
     assert ngrammys["faults_survived"] and f["logged"] == 1 and f["drafts_after_first_fault"] > 0
 

@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
-COUNTS = {"served": 0, "aborted": 0}
+COUNTS = {"served": 0, "aborted": 0, "draft_tokens": 0}
 
 
 class Fake(BaseHTTPRequestHandler):
@@ -36,7 +36,9 @@ class Fake(BaseHTTPRequestHandler):
                 f"# HELP x\nvllm:num_preemptions_total{{engine=\"0\"}} {n // 3}.0\n"
                 f"vllm:request_success_total{{finished_reason=\"abort\"}} {COUNTS['aborted']}.0\n"
                 f"vllm:request_success_total{{finished_reason=\"length\"}} {n}.0\n"
-                f"vllm:spec_decode_num_drafts_total {4 * n}.0\n").encode(), "text/plain")
+                f"vllm:spec_decode_num_drafts_total {4 * n}.0\n"
+                f"vllm:spec_decode_num_draft_tokens_total {COUNTS['draft_tokens']}.0\n"
+                ).encode(), "text/plain")
 
     def do_POST(self):
         try:
@@ -48,6 +50,10 @@ class Fake(BaseHTTPRequestHandler):
         if not isinstance(body.get("max_tokens", 1), int) or body.get("max_tokens", 1) < 0 \
                 or body.get("min_p") or not (body.get("prompt") or body.get("messages")):
             return self._send(400, {"error": {"message": "min_p is not supported"}})
+        limit = (body.get("vllm_xargs") or {}).get("num_speculative_tokens", 3)
+        if not isinstance(limit, int) or limit < 0:
+            return self._send(400, {"error": {"message": "num_speculative_tokens must be an "
+                                              "integer in [0, 128]"}})
         msgs = body.get("messages")
         text = body.get("prompt") or (msgs[0].get("content") if isinstance(msgs, list) else None)
         if not isinstance(text, str):
@@ -57,6 +63,7 @@ class Fake(BaseHTTPRequestHandler):
             ids = ids[::-1]
         with LOCK:
             COUNTS["served"] += 1
+            COUNTS["draft_tokens"] += limit
             if COUNTS["served"] == 5 and os.environ.get("VLLM_SELFSPEC_FAULT_EVERY"):
                 print("ERROR vllm_selfspec: a draft step failed (InjectedFault: injected)",
                       flush=True)

@@ -69,6 +69,24 @@ def test_metrics_and_probes(fake):
     assert samp["stop"]["status"] == 200
 
 
+def test_request_control_probe(fake):
+    s = sc.Settings(model="m")
+    ref = {}
+    plain = sc.probe_request_control(fake, s, ref, plain=True)
+    assert set(ref) == {"control:on", "control:off", "control:json_schema"}
+    assert "malformed" not in plain
+    Fake.wrong = sc.control_requests("m")["json_schema"]["prompt"]
+    method = sc.probe_request_control(fake, s, ref, plain=False)
+    assert method["on"]["drafted"] == 3 and method["off"]["drafted"] == 0
+    assert method["on"]["identical"] and method["off"]["identical"]
+    assert not method["json_schema"]["identical"]  # this "method" answers it differently
+    assert method["malformed"] == {"status": 400, "message": "num_speculative_tokens must be "
+                                                             "an integer in [0, 128]"}
+    row = sc.summarize("ngrammys", [_rec("stress", preemptions=1, request_control=method)], s)
+    assert any("json_schema request differs" in p for p in row["problems"])
+    assert "schema NO, malformed 400" in sc.table([row])
+
+
 def _rec(server, **kw):
     base = dict(method="x", server=server, served=10, failed=0, identical=10, compared=10,
                 aborts=2, aborts_survived=2, preemptions=0, up_after=True)
@@ -85,7 +103,7 @@ def test_rows_say_what_went_wrong():
         _rec("stress", preemptions=5, faults=faults)], s)
     assert good["problems"] == [] and good["refused"] == ["min_p"] and good["served"] == 20
     assert "| `ngrammys` | 20 | 0 | 20/20 | 4/4 | yes (5) | yes (4 failed steps) | 2/2 | `min_p` " \
-        "| yes |" in sc.table([good])
+        "| — | yes |" in sc.table([good])
     bad = sc.summarize("swift", [
         _rec("load", identical=9, bad_requests={"a": 500}, sampling={"n": {"status": 500}},
              up_after=False),
