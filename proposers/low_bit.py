@@ -26,9 +26,9 @@ format at or above it, as measured for its shape on the machine at hand
 stays full.
 
 torch's own weight-only kernels are used, not torchao's: torchao 0.18's int8
-weight-only configuration dequantizes to the activation dtype and multiplies (3-8x
-slower than ``_weight_int8pack_mm`` here, measured with ``tools/draft_kernels.py``'s
-shapes), and its int4 CPU layout did not import beside torch 2.13.
+weight-only configuration dequantizes to the activation dtype and multiplies (slower
+than ``_weight_int8pack_mm`` on this project's CPU: docs/keys.md), and its int4 CPU
+layout did not import beside torch 2.13.
 """
 
 from __future__ import annotations
