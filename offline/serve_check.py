@@ -107,6 +107,7 @@ SAMPLING_PROBES: dict[str, dict[str, Any]] = {
 # the plain server's answer to the same request, the first must draft nothing (vLLM's own
 # counters), and a malformed draft limit gets a 400.
 CONTROL_PROMPT = "List three facts about the moon, one per line."
+CONTROL_JSON_PROMPT = "Describe a person with a name and an age."
 CONTROL_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
                                                    "age": {"type": "integer"}},
                   "required": ["name", "age"]}
@@ -114,14 +115,17 @@ DRAFT_LIMIT = "num_speculative_tokens"  # vllm_selfspec.bridge.REQUEST_KEY (no v
 
 
 def control_requests(model: str) -> dict[str, dict[str, Any]]:
-    """name -> request body: ``on`` (drafting as the server decides), ``off`` (the same
+    """name -> chat request body: ``on`` (drafting as the server decides), ``off`` (the same
     request with drafting off), ``json_schema`` (a response_format schema) and ``malformed``
     (a draft limit of -1)."""
-    base = {"model": model, "prompt": CONTROL_PROMPT, "max_tokens": 48, "temperature": 0,
-            "return_token_ids": True}
+    def chat(text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": text}]
+
+    base = {"model": model, "messages": chat(CONTROL_PROMPT), "max_tokens": 48,
+            "temperature": 0, "return_token_ids": True}
     return {"on": base,
             "off": {**base, "vllm_xargs": {DRAFT_LIMIT: 0}},
-            "json_schema": {**base, "prompt": "A person as JSON:", "response_format": {
+            "json_schema": {**base, "messages": chat(CONTROL_JSON_PROMPT), "response_format": {
                 "type": "json_schema", "json_schema": {"name": "person",
                                                        "schema": CONTROL_SCHEMA}}},
             "malformed": {**base, "max_tokens": 4, "vllm_xargs": {DRAFT_LIMIT: -1}}}
@@ -526,7 +530,7 @@ def probe_request_control(port: int, s: Settings, reference: dict[str, Any],
                 continue
         before = metrics(port)
         if name == "malformed":
-            status, raw = http_call(port, "POST", PATHS["completion"], json.dumps(body).encode(),
+            status, raw = http_call(port, "POST", PATHS["chat"], json.dumps(body).encode(),
                                     timeout=s.request_timeout)
             try:
                 err = json.loads(raw).get("error", {})
@@ -535,7 +539,7 @@ def probe_request_control(port: int, s: Settings, reference: dict[str, Any],
                 msg = raw[:300].decode(errors="replace")
             out[name] = {"status": status, "message": msg}
             continue
-        r = generate(port, "completion", body, s.request_timeout)
+        r = generate(port, "chat", body, s.request_timeout)
         drafted = (_count(metrics(port), "spec_decode_num_draft_tokens")
                    - _count(before, "spec_decode_num_draft_tokens"))
         out[name] = {"ok": r["ok"], "status": r["status"], "text": r.get("text"),

@@ -122,7 +122,7 @@ def check_request_control(llm: Any, eval_prompts: list[Any], reference: list[lis
 
 # Sampling, end to end: many short continuations of one prompt at temperature 1 (and with
 # top-p / top-k), each request seeded; a method's must follow plain decoding's distribution
-SAMPLES = 600
+SAMPLES = 400
 SAMPLE_TOKENS = 4  # the first comes from the prompt's pass; drafts are verified for 2..4
 SAMPLING_SETTINGS = {"t1": dict(temperature=1.0), "top": dict(temperature=1.0, top_p=0.9,
                                                                top_k=20)}
@@ -185,5 +185,6 @@ def check_sampling_distribution(llm: Any, sampled_reference: tuple[Any, dict]) -
     for setting, ref in plain_samples.items():
         mine = sample_continuations(llm, prompt, setting, offset=SAMPLES)
         out[setting] = distribution_p(mine, ref)
-        assert out[setting] >= ALPHA, (setting, out[setting])
+    print(f"sampling test p-values: {out}")
+    assert all(p >= ALPHA for p in out.values()), out
     return out

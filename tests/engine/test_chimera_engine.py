@@ -174,11 +174,13 @@ def test_sampling_follows_plain_decoding_and_a_wrong_q_is_caught(shipped, sample
     them: the check can fail."""
     from tests.engine.helpers import ALPHA, SAMPLES, distribution_p, sample_continuations
 
-    check_sampling_distribution(shipped, sampled_reference)
+    right = check_sampling_distribution(shipped, sampled_reference)
     prompt, plain = sampled_reference
     shipped.collective_rpc(control.inject_faults, args=(1, "uniform_q"))
     try:
         broken = sample_continuations(shipped, prompt, "t1", offset=2 * SAMPLES)
     finally:
         shipped.collective_rpc(control.inject_faults, args=(0,))
-    assert distribution_p(broken, plain["t1"]) < ALPHA
+    wrong = distribution_p(broken, plain["t1"])
+    print(f"sampling test p-values: chimera {right}, with a uniform q {wrong:.3g}")
+    assert wrong < ALPHA, (right, wrong)

@@ -17,13 +17,22 @@ pytestmark = pytest.mark.engine
                                         "ngrammys-selfspec"])
 def engine(request, model_path):
     llm = make_llm(model_path, speculative_config={"method": request.param})
-    yield llm
+    yield request.param, llm
     shutdown(llm)
 
 
 def test_structured_outputs_and_per_request_control(engine, eval_prompts, reference,
                                                     structured_reference):
-    check_request_control(engine, eval_prompts, reference, structured_reference)
+    """Every near-free method with its defaults (cost gate on): structured outputs and
+    per-request control identical to plain decoding; ``ngrammys-history`` drafted from its
+    ShareGPT datastore on the way (the gate tries every source)."""
+    from vllm_selfspec import control
+
+    method, llm = engine
+    check_request_control(llm, eval_prompts, reference, structured_reference)
+    stats = llm.collective_rpc(control.drafter_stats)[0]
+    if method == "ngrammys-history":
+        assert stats["from_datastore"] > 0, stats
 
 
 def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(

@@ -75,7 +75,7 @@ def test_request_control_probe(fake):
     plain = sc.probe_request_control(fake, s, ref, plain=True)
     assert set(ref) == {"control:on", "control:off", "control:json_schema"}
     assert "malformed" not in plain
-    Fake.wrong = sc.control_requests("m")["json_schema"]["prompt"]
+    Fake.wrong = sc.control_requests("m")["json_schema"]["messages"][0]["content"]
     method = sc.probe_request_control(fake, s, ref, plain=False)
     assert method["on"]["drafted"] == 3 and method["off"]["drafted"] == 0
     assert method["on"]["identical"] and method["off"]["identical"]
