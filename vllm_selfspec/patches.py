@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_selfspec.log import logger
@@ -442,3 +443,40 @@ def patch_request_params(plugin_options: Callable[[Any], dict[str, Any] | None])
 
     InputProcessor._validate_params = _mark(_validate_params)
     return True
+
+
+# --------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class Patch:
+    """One row of the patch table: what is patched, in which process it is applied, the
+    vLLM versions it was written for and the function that applies it."""
+
+    id: str
+    target: str
+    process: str
+    vllm: str
+    apply: Callable[..., Any]
+
+
+PLUGIN_LOAD = "every process, at plugin load (plugin.register)"
+DRAFTER_START = "the worker, when our drafter starts (drafter.PluginDrafter)"
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("P1", "EngineArgs.create_speculative_config", PLUGIN_LOAD, SUPPORTED_VLLM,
+          patch_speculative_config),
+    Patch("P2", "VllmConfig.num_lookahead_tokens", PLUGIN_LOAD, SUPPORTED_VLLM, patch_lookahead),
+    Patch("P3", "GPUModelRunner.propose_draft_token_ids", DRAFTER_START, SUPPORTED_VLLM,
+          patch_runner_bridge),
+    Patch("P4", "vllm.utils.cpu_triton_utils._expand_kernel_impl (CPU)",
+          f"{PLUGIN_LOAD}; again at drafter start", SUPPORTED_VLLM, patch_cpu_expand),
+    Patch("P5", "topk_topp_sampler.apply_top_k_only", f"{PLUGIN_LOAD}; again at drafter start",
+          SUPPORTED_VLLM, patch_top_k_empty),
+    Patch("P6", "GPUModelRunner._prepare_inputs", DRAFTER_START, PLAIN_STEPS_VLLM,
+          patch_plain_steps),
+    Patch("P7", "vllm.triton_utils.dispatcher._rebind_kernels (CPU)", PLUGIN_LOAD,
+          KERNEL_REBIND_VLLM, patch_kernel_rebind),
+    Patch("P8", "UnquantizedLinearMethod.process_weights_after_loading", DRAFTER_START,
+          SUPPORTED_VLLM, capture_weights),
+    Patch("P9", "InputProcessor._validate_params", PLUGIN_LOAD, SUPPORTED_VLLM,
+          patch_request_params),
+)
