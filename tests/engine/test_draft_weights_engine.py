@@ -62,7 +62,10 @@ def test_low_bit_self_draft_is_mostly_accepted(engine, eval_prompts):
     (a broken copy, e.g. scales off by a row, drafts noise: acceptance near 0)."""
     fmt, llm = engine
     if fmt != "w8a8":
-        pytest.skip("swift's drafts skip layers; acceptance depends on its search")
+        # not a losslessness check (identity is asserted above for every format): an
+        # acceptance bar holds only for a draft that skips nothing, and swift's skips
+        # the layers its search picks
+        pytest.skip("acceptance bar for a draft that skips nothing; swift skips layers")
     acc = acceptance(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
     assert acc.acceptance_rate >= 0.8, acc
 
@@ -73,6 +76,6 @@ def test_sampled_drafts_hand_q_to_the_rejection_sampler(engine, eval_prompts):
     treats them as one-hot and accepts far fewer)."""
     fmt, llm = engine
     if fmt != "w8a8":
-        pytest.skip("as above")
+        pytest.skip("acceptance bar for a draft that skips nothing; swift skips layers")
     acc = sampled_acceptance(llm, eval_prompts, dict(temperature=1.0))
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.7, acc
