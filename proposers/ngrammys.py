@@ -154,6 +154,17 @@ NO_DATASTORE, SHAREGPT = "none", "sharegpt"
 DEFAULT_WIDTH = 8  # num_speculative_tokens: the chain, and the width of context rows
 
 
+def query_length_option() -> Any:
+    """Key ``query_length`` (q, §4.2) of every method that drafts from context n-grams."""
+    return option(3, "longest context query; shorter ones are tried after it down to "
+                  "min_query_length", "int", 1, 16, symbol="q")
+
+
+def min_query_length_option() -> Any:
+    """Key ``min_query_length`` of every method that drafts from context n-grams."""
+    return option(1, "shortest context query", "int", 1, 16)
+
+
 @dataclass(frozen=True)
 class NGrammysOptions(CommonOptions):
     """Method ``ngrammys``'s keys; defaults chosen offline on the dev split with
@@ -171,9 +182,8 @@ class NGrammysOptions(CommonOptions):
     bigram_width: int = option(8, "width of the extended-bigram rows (at most "
                                "num_speculative_tokens, the width of context rows)", "int", 1,
                                128)
-    query_length: int = option(3, "longest context query; shorter ones are tried after it down "
-                               "to min_query_length", "int", 1, 16, symbol="q")
-    min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    query_length: int = query_length_option()
+    min_query_length: int = min_query_length_option()
     selection: str = option("first", "which row becomes the chain: 'first' (the paper's mixed "
                             "order) or 'likelihood' (most likely under the bigram table)", "str",
                             choices=SELECTIONS)

@@ -29,7 +29,12 @@ import torch
 
 from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
-from .ngrammys import HISTORY_HELP, mixed_rows_labelled
+from .ngrammys import (
+    HISTORY_HELP,
+    min_query_length_option,
+    mixed_rows_labelled,
+    query_length_option,
+)
 from .options import option
 from .past_requests import DEFAULT_HISTORY_TOKENS, DraftsFromPastRequests
 
@@ -40,9 +45,8 @@ DEFAULT_WIDTH = 8  # num_speculative_tokens: context drafts; Chimera drafts up t
 class NGrammysChimeraOptions(ChimeraOptions):
     """Method ``ngrammys-chimera``'s keys."""
 
-    query_length: int = option(3, "longest context query; shorter ones are tried after it down "
-                               "to min_query_length", "int", 1, 16, symbol="q")
-    min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    query_length: int = query_length_option()
+    min_query_length: int = min_query_length_option()
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     # cost_gate stays on (CommonOptions): the gate keeps one draft length per source
     # (proposers.cost_gate, evidence classes), so long context matches keep their chains

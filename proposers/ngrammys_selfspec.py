@@ -30,7 +30,14 @@ import torch
 
 from .base import DraftBatch, Proposal, Verification
 from .layer_skip import SelfSpecOptions, SelfSpecProposer
-from .ngrammys import DATASTORE_HELP, HISTORY_HELP, SHAREGPT, NGrammysProposer
+from .ngrammys import (
+    DATASTORE_HELP,
+    HISTORY_HELP,
+    SHAREGPT,
+    NGrammysProposer,
+    min_query_length_option,
+    query_length_option,
+)
 from .options import option
 from .past_requests import DEFAULT_HISTORY_TOKENS
 
@@ -41,9 +48,8 @@ SELF_DRAFT = "selfspec"  # the evidence class of the self-draft's drafts
 class NGrammysSelfSpecOptions(SelfSpecOptions):
     """Method ``ngrammys-selfspec``'s keys: ``selfspec``'s, and the n-gram sources'."""
 
-    query_length: int = option(3, "longest context query; shorter ones are tried after it down "
-                               "to min_query_length", "int", 1, 16, symbol="q")
-    min_query_length: int = option(1, "shortest context query", "int", 1, 16)
+    query_length: int = query_length_option()
+    min_query_length: int = min_query_length_option()
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     datastore: str = option(SHAREGPT, DATASTORE_HELP, "str")
 
