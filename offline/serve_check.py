@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_selfspec.metrics import FAMILIES, METRICS_DIR_ENV, PREFIX
 from vllm_selfspec.offline import process_group
 
 PLAIN = "plain"
@@ -209,6 +210,31 @@ def metrics(port: int) -> dict[str, float]:
     return out
 
 
+def drafter_metrics(port: int) -> dict[str, Any]:
+    """The drafter's own figures on ``/metrics`` (vllm_selfspec/metrics.py), summed over
+    engines, with the drafts by source: {} when there are none."""
+    try:
+        _, text = http_call(port, "GET", "/metrics", timeout=30)
+    except OSError:
+        return {}
+    out: dict[str, Any] = {}
+    for line in text.decode(errors="replace").splitlines():
+        m = re.match(r"^" + re.escape(PREFIX) + r"(\w+?)(_total)?(\{[^}]*\})?\s+(\S+)$", line)
+        if not m or m.group(1) not in FAMILIES:
+            continue
+        name, value = m.group(1), float(m.group(4))
+        if name == "drafts":
+            src = re.search(r'source="([^"]*)"', m.group(3) or "")
+            drafts = out.setdefault("drafts", {})
+            key = src.group(1) if src else "?"
+            drafts[key] = drafts.get(key, 0) + int(value)
+        else:
+            out[name] = out.get(name, 0) + value
+    if out.get("step_seconds"):  # the share over all engines, not a sum of shares
+        out["draft_time_share"] = out.get("draft_seconds", 0.0) / out["step_seconds"]
+    return out
+
+
 def _count(m: dict[str, float], name: str) -> int:
     return int(m.get(f"vllm:{name}_total", 0))
 
@@ -241,7 +267,8 @@ def generate(port: int, endpoint: str, body: dict[str, Any], timeout: float,
             c = r["choices"][0]
             t = c["message"]["content"] if endpoint == "chat" else c["text"]
             return {"ok": True, "status": 200, "text": t or "", "token_ids": c.get("token_ids"),
-                    "finish_reason": c.get("finish_reason")}
+                    "finish_reason": c.get("finish_reason"),
+                    "spec": (r.get("metrics") or {}).get("speculative_decoding")}
         done, finish = False, None
         for raw in resp:
             line = raw.decode().strip()
@@ -298,7 +325,7 @@ class Server:
 
     def __init__(self, model_path: str, served_name: str, spec: dict[str, Any] | None,
                  kv_bytes: int, max_model_len: int, log: Path, env: dict[str, str],
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, extra: tuple[str, ...] = ()) -> None:
         vllm_bin = Path(sys.executable).parent / "vllm"
         self.port = free_port()
         self.log = log
@@ -308,9 +335,15 @@ class Server:
                     "--kv-cache-memory-bytes", str(kv_bytes), "--served-model-name", served_name]
         if block_size:
             self.cmd += ["--block-size", str(block_size)]
+        self.cmd += list(extra)
         if spec is not None:
-            self.cmd += ["--speculative-config", json.dumps(spec)]
+            # vLLM's per-request figures: "metrics.speculative_decoding" in each answer
+            self.cmd += ["--speculative-config", json.dumps(spec),
+                         "--per-request-spec-decode-metrics", "summary"]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        # the server names its own /metrics folder (a folder this process named for its own
+        # engines would show their figures on the server's /metrics)
+        self.env.pop(METRICS_DIR_ENV, None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float) -> str | None:
@@ -543,7 +576,8 @@ def probe_request_control(port: int, s: Settings, reference: dict[str, Any],
         drafted = (_count(metrics(port), "spec_decode_num_draft_tokens")
                    - _count(before, "spec_decode_num_draft_tokens"))
         out[name] = {"ok": r["ok"], "status": r["status"], "text": r.get("text"),
-                     "token_ids": r.get("token_ids"), "drafted": drafted}
+                     "token_ids": r.get("token_ids"), "drafted": drafted,
+                     "per_request": r.get("spec")}
         if plain and r["ok"]:
             reference[f"control:{name}"] = {"text": r["text"], "token_ids": r["token_ids"]}
         elif not plain:
@@ -605,6 +639,8 @@ def run_server(method: str, kind: str, s: Settings, model_path: str, prompts: li
                    spec_drafts=_count(after, "spec_decode_num_drafts"),
                    spec_draft_tokens=_count(after, "spec_decode_num_draft_tokens"),
                    spec_accepted=_count(after, "spec_decode_num_accepted_tokens"))
+        if method != PLAIN:
+            rec["drafter"] = drafter_metrics(server.port)
         if probes:
             rec["bad_requests"] = probe_bad_requests(server.port, s)
             rec["sampling"] = probe_sampling(server.port, s)
@@ -683,6 +719,12 @@ def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str,
     row["faults_survived"] = _faults_ok(row["faults"]) and not stress["failed"] if stress else False
     if stress and method != PLAIN and s.fault_every > 0 and not row["faults_survived"]:
         probs.append(f"injected faults not survived: {row['faults']}")
+    drafter = next((r["drafter"] for r in ok if "drafter" in r), None)
+    row["drafter"] = drafter
+    if ok and method != PLAIN and not (drafter and drafter.get("steps")):
+        probs.append(f"the drafter's figures are not on /metrics: {drafter}")
+    elif stress and drafter and row["faults"] and not drafter.get("draft_failures"):
+        probs.append("injected faults are not counted in vllm_selfspec:draft_failures_total")
     bad = next((r["bad_requests"] for r in ok if "bad_requests" in r), None)
     row["bad_requests"] = bad
     row["bad_4xx"] = sum(1 for v in (bad or {}).values() if v is not None and 400 <= v < 500)
@@ -700,6 +742,11 @@ def summarize(method: str, recs: list[dict[str, Any]], s: Settings) -> dict[str,
         if control["off"].get("drafted"):
             probs.append(f"request control: the request with drafting off drafted "
                          f"{control['off']['drafted']} tokens")
+        spec_on, spec_off = (control[n].get("per_request") or {} for n in ("on", "off"))
+        if not spec_on.get("num_draft_tokens") or spec_off.get("num_draft_tokens"):
+            probs.append(f"request control: vLLM's per-request figures (metrics."
+                         f"speculative_decoding) say {spec_on.get('num_draft_tokens')} draft "
+                         f"tokens with drafting on and {spec_off.get('num_draft_tokens')} off")
         if control["malformed"]["status"] != 400:
             probs.append(f"request control: a malformed draft limit got "
                          f"{control['malformed']['status']}, not 400")
@@ -748,6 +795,22 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| `{r['method']}` | {r['served']} | {r['failed']} | "
                      f"{r['identical']}/{r['compared']} | {r['aborts_survived']}/{r['aborts']} | "
                      f"{pre} | {flt} | {bad} | {refused} | {_control_cell(r)} | {up} |")
+    return "\n".join(lines)
+
+
+def drafter_table(rows: list[dict[str, Any]]) -> str:
+    """The drafter's own figures from ``/metrics`` per method (first server's)."""
+    rows = [r for r in rows if r.get("drafter")]
+    if not rows:
+        return ""
+    lines = ["| method | steps | gate withheld | drafts by source | draft time share | "
+             "failed draft steps |", "| --- | ---: | ---: | --- | ---: | ---: |"]
+    for r in rows:
+        d = r["drafter"]
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(d.get("drafts", {}).items()))
+        lines.append(f"| `{r['method']}` | {int(d.get('steps', 0))} | "
+                     f"{int(d.get('gate_withheld_steps', 0))} | {mix} | "
+                     f"{d.get('draft_time_share', 0):.3f} | {int(d.get('draft_failures', 0))} |")
     return "\n".join(lines)
 
 
@@ -835,6 +898,7 @@ def run(s: Settings, log_path: Path | None = None, resume: bool = False) -> dict
         rows.append(summarize(method, recs, s))
     text = table(rows)
     return {"rows": rows, "table": text, "sampling_table": sampling_table(rows),
+            "drafter_table": drafter_table(rows),
             "ok": not any(r["problems"] for r in rows),
             "settings": s.key(), "prompts": prompts, "log_dir": str(log_dir)}
 
@@ -930,6 +994,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with atomic_path(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     print(result["table"])
+    if result["drafter_table"]:
+        print("\nthe drafter's figures on /metrics:\n" + result["drafter_table"])
     if result["sampling_table"]:
         print("\nsampling parameters (HTTP status):\n" + result["sampling_table"])
     for r in result["rows"]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vllm_selfspec import methods, rank_sync
+from vllm_selfspec import methods, metrics, rank_sync
 from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback, target_states
 from vllm_selfspec.log import log_once, logger
 from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
@@ -148,6 +148,8 @@ class PluginDrafter:
         self.view: Any = None
         self._last_stats = time.monotonic()
         self.gate = CostGate(k=self.k) if opts.get("cost_gate", False) else None
+        # the figures on /metrics (metrics.py): source mix, steps withheld, draft time
+        self.publisher = metrics.publisher_for(vllm_config, self.method.name)
         # TP > 1 and drafts that run the target's collectives: rank 0 decides for all ranks
         self.sync = rank_sync.for_engine(vllm_config) if self.proposer.uses_target else None
         if self.sync is not None:
@@ -243,6 +245,19 @@ class PluginDrafter:
     @torch.inference_mode()
     def propose_with_runner(self, runner: Any, ctx: DraftContext
                             ) -> tuple[list[list[int]], torch.Tensor | None]:
+        if self.publisher is None:
+            return self._propose(runner, ctx)
+        t0 = time.monotonic()
+        self.publisher.step(t0)
+        try:
+            return self._propose(runner, ctx)
+        finally:
+            t1 = time.monotonic()
+            self.publisher.figures.draft_seconds += t1 - t0
+            self.publisher.maybe_write(self.proposer.stats, t1)
+
+    def _propose(self, runner: Any, ctx: DraftContext
+                 ) -> tuple[list[list[int]], torch.Tensor | None]:
         finished = self._finished(runner, ctx)
         nothing: list[list[int]] = [[] for _ in ctx.req_ids]
         batch: DraftBatch | None = None
@@ -341,7 +356,10 @@ class PluginDrafter:
         for r in results:
             self.gate.observe(r.drafted, r.accepted, self.evidence.pop(r.req_id, ""))
         # requests that get a new token this step, and so may draft: each pays the verify cost
-        return self.gate.plan(max(1, sum(1 for t in ctx.sampled_token_ids if t)))
+        limit = self.gate.plan(max(1, sum(1 for t in ctx.sampled_token_ids if t)))
+        if limit == 0 and self.publisher is not None:
+            self.publisher.figures.gate_withheld_steps += 1
+        return limit
 
     def _compile_seconds(self) -> float:
         timing = getattr(self.view, "timing", None) or {}
@@ -351,6 +369,7 @@ class PluginDrafter:
                  timed: dict[str, tuple[int, float]] | None = None) -> None:
         if self.gate is not None:
             self.gate.drafted(tokens, seconds, timed)
+
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

@@ -164,6 +164,9 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     opts["writes_target_kv"] = bool(cls.writes_target_kv)
     engine_args.additional_config = {**(engine_args.additional_config or {}), PLUGIN_KEY: opts}
     engine_args.speculative_config = {**core, "model": methods.DRAFTER_CLASS}
+    from vllm_selfspec import metrics
+
+    metrics.install()  # before vLLM starts the engine process, which inherits the folder
     logger.info("vllm_selfspec: method '%s' (%s), num_speculative_tokens=%d", method.name,
                 method.summary, core["num_speculative_tokens"])
 

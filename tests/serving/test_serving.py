@@ -43,6 +43,12 @@ def test_short_serving(tmp_path):
     assert control["on"]["drafted"] > 0 and control["off"]["drafted"] == 0, control
     assert control["off"]["identical"] and control["json_schema"]["identical"], control
     assert control["malformed"]["status"] == 400 and "\n" not in control["malformed"]["message"]
+    spec_on = control["on"]["per_request"]  # vLLM's metrics.speculative_decoding
+    assert spec_on["num_draft_tokens"] > 0 and spec_on["num_spec_tokens"] > 0, control
+    assert not (control["off"]["per_request"] or {}).get("num_draft_tokens"), control
+    d = ngrammys["drafter"]  # the drafter's own figures on /metrics
+    assert d["steps"] > 0 and sum(d["drafts"].values()) > 0 and d["draft_failures"] >= 1, d
+    assert 0 < d["draft_time_share"] < 1, d
     f = ngrammys["faults"]
     assert ngrammys["faults_survived"] and f["logged"] == 1 and f["drafts_after_first_fault"] > 0
 

@@ -38,7 +38,20 @@ class Fake(BaseHTTPRequestHandler):
                 f"vllm:request_success_total{{finished_reason=\"length\"}} {n}.0\n"
                 f"vllm:spec_decode_num_drafts_total {4 * n}.0\n"
                 f"vllm:spec_decode_num_draft_tokens_total {COUNTS['draft_tokens']}.0\n"
-                ).encode(), "text/plain")
+                + self._drafter(n)).encode(), "text/plain")
+
+    @staticmethod
+    def _drafter(n):
+        """The drafter's own families (vllm_selfspec/metrics.py)."""
+        lab = 'engine="0",method="x",model_name="m"'
+        fails = 1 if os.environ.get("VLLM_SELFSPEC_FAULT_EVERY") and n >= 5 else 0
+        return (f"vllm_selfspec:steps_total{{{lab}}} {8 * n}.0\n"
+                f"vllm_selfspec:gate_withheld_steps_total{{{lab}}} 0.0\n"
+                f'vllm_selfspec:drafts_total{{{lab},source="context"}} {4 * n}.0\n'
+                f"vllm_selfspec:draft_seconds_total{{{lab}}} {0.01 * n}\n"
+                f"vllm_selfspec:step_seconds_total{{{lab}}} {0.1 * n}\n"
+                f"vllm_selfspec:draft_time_share{{{lab}}} 0.1\n"
+                f"vllm_selfspec:draft_failures_total{{{lab}}} {fails}.0\n")
 
     def do_POST(self):
         try:
@@ -71,7 +84,9 @@ class Fake(BaseHTTPRequestHandler):
         if not body.get("stream"):
             choice = {"token_ids": ids, "finish_reason": "length"}
             choice.update({"message": {"content": text}} if chat else {"text": text})
-            return self._send(200, {"choices": [choice]})
+            spec = {"num_draft_tokens": limit, "num_accepted_draft_tokens": limit // 2}
+            return self._send(200, {"choices": [choice],
+                                    "metrics": {"speculative_decoding": spec}})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()

@@ -97,10 +97,12 @@ def test_rows_say_what_went_wrong():
     s = sc.Settings(model="m")
     faults = {"hook_on": True, "logged": 1, "injected_in_log": True, "failed_steps": 4,
               "drafts_after_first_fault": 30}
+    drafter = {"steps": 50.0, "drafts": {"context": 20, "bigram": 3}, "draft_failures": 4.0,
+               "draft_time_share": 0.12}
     good = sc.summarize("ngrammys", [
-        _rec("load", bad_requests={"a": 400, "b": 404},
+        _rec("load", bad_requests={"a": 400, "b": 404}, drafter=drafter,
              sampling={"min_p": {"status": 400}, "stop": {"status": 200}}),
-        _rec("stress", preemptions=5, faults=faults)], s)
+        _rec("stress", preemptions=5, faults=faults, drafter=drafter)], s)
     assert good["problems"] == [] and good["refused"] == ["min_p"] and good["served"] == 20
     assert "| `ngrammys` | 20 | 0 | 20/20 | 4/4 | yes (5) | yes (4 failed steps) | 2/2 | `min_p` " \
         "| — | yes |" in sc.table([good])
@@ -110,7 +112,7 @@ def test_rows_say_what_went_wrong():
         _rec("stress", preemptions=0, faults={**faults, "logged": 2})], s)
     text = " | ".join(bad["problems"])
     for what in ("differ from plain", "without a 4xx", "5xx", "no preemption", "faults not survived",
-                 "not answering"):
+                 "not answering", "figures are not on /metrics"):
         assert what in text
     assert sc.table([bad]).endswith("| NO (`n` got 500) |")
     down = sc.summarize("chimera", [{"method": "chimera", "server": "load", "error": "exited\nlog"}], s)
@@ -160,6 +162,10 @@ def test_the_whole_check_resumes_and_reports(tmp_path, monkeypatch):
     assert [p for p in rows["swift"]["problems"] if "differ from plain" in p]
     assert result["command"].startswith("python tools/serve_check.py --model m")
     assert "| `min_p` | **400** | **400** | **400** |" in result["sampling_table"]
+    assert rows["ngrammys"]["drafter"]["drafts"]["context"] > 0
+    assert "| `ngrammys` |" in result["drafter_table"] and "context" in result["drafter_table"]
+    on = rows["ngrammys"]["request_control"]["on"]
+    assert on["per_request"]["num_draft_tokens"] == on["drafted"] > 0
 
     def no_server(*a, **kw):
         raise AssertionError("a resumed run restarted a finished server")
