@@ -1,4 +1,4 @@
-"""The kernel table of a model's linear layers on this machine (offline/draft_kernels.py)."""
+"""The kernel table of a model's linear layers on this machine (vllm_selfspec/offline/draft_kernels.py)."""
 
 from vllm_selfspec.offline.draft_kernels import main
 

@@ -1,4 +1,4 @@
-"""What the linear layers of one engine step cost by its tokens (offline/step_cost.py)."""
+"""What the linear layers of one engine step cost by its tokens (vllm_selfspec/offline/step_cost.py)."""
 
 from vllm_selfspec.offline.step_cost import main
 

@@ -47,7 +47,7 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
 def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
     """LayerSkip: the early exit as a skip mask over layers exit_layer..L-1
     (default: a quarter of the depth). Fixes ``opts["exit_layer"]``."""
-    from vllm_selfspec.proposers.early_exit import default_exit_layer, early_exit_mask
+    from vllm_selfspec.proposers.layerskip import default_exit_layer, early_exit_mask
 
     if opts.get("exit_layer") is None:
         opts["exit_layer"] = default_exit_layer(info.num_layers)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from vllm_selfspec.proposers.chimera_drafting import ChimeraOptions
-from vllm_selfspec.proposers.early_exit import LayerSkipOptions
-from vllm_selfspec.proposers.layer_skip import SelfSpecOptions
+from vllm_selfspec.proposers.draft_verify import SelfSpecOptions
+from vllm_selfspec.proposers.layerskip import LayerSkipOptions
 from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
 from vllm_selfspec.proposers.ngrammys_chimera import DEFAULT_WIDTH as NGRAMMYS_CHIMERA_WIDTH
 from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions
@@ -138,7 +138,7 @@ class Method:
 SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
-    proposer="vllm_selfspec.proposers.layer_skip:SelfSpecProposer",
+    proposer="vllm_selfspec.proposers.draft_verify:SelfSpecProposer",
     skip_mask="vllm_selfspec.masks:resolve_skip_mask",
     prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
     default_k=12,
@@ -165,7 +165,7 @@ SWIFT = Method(
 LAYERSKIP = Method(
     name="layerskip",
     aliases=("layer_skip", "early_exit"),
-    proposer="vllm_selfspec.proposers.early_exit:EarlyExitProposer",
+    proposer="vllm_selfspec.proposers.layerskip:EarlyExitProposer",
     skip_mask="vllm_selfspec.masks:resolve_exit_mask",
     prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
     default_k=6,  # the LayerSkip README's --num_speculations 6

@@ -1,4 +1,4 @@
-"""offline/engines.py: a tool stopped by SIGTERM/SIGHUP/Ctrl-C shuts its engines down
+"""vllm_selfspec/offline/engines.py: a tool stopped by SIGTERM/SIGHUP/Ctrl-C shuts its engines down
 first (leftover engine processes held ~5 GB each), then ends as the signal would."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The direction of every import arrow: the papers (proposers/) import neither vLLM nor the
+"""The direction of every import arrow: the papers (vllm_selfspec/proposers/) import neither vLLM nor the
 rest of the plugin; what an engine builds at start-up (vllm_selfspec/builders/) imports neither
 vLLM nor the offline tools; the vLLM glue never imports the offline tools, so an engine starts
 without them; every offline module imports without vLLM or Ray and starts nothing."""
@@ -47,7 +47,7 @@ def _import_all(package: str, blocked: str) -> dict:
 
 def test_every_proposer_imports_without_vllm():
     res = _import_all("vllm_selfspec.proposers", "vllm")
-    assert {"base", "artifacts", "layer_skip", "swift", "early_exit", "ngrammys"} <= set(
+    assert {"base", "artifacts", "draft_verify", "swift", "layerskip", "ngrammys"} <= set(
         res["modules"])
     assert res["failed"] == {}
     assert res["loaded"] == []
@@ -91,7 +91,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 FOLDERS = {  # folder -> (its package, imports it must never make)
-    "proposers": ("vllm_selfspec.proposers", ("vllm", "vllm_selfspec.offline",
+    "vllm_selfspec/proposers": ("vllm_selfspec.proposers", ("vllm", "vllm_selfspec.offline",
                                               "vllm_selfspec.builders", "vllm_selfspec.plugin")),
     "vllm_selfspec/builders": ("vllm_selfspec.builders", ("vllm", "vllm_selfspec.offline")),
     "vllm_selfspec": ("vllm_selfspec", ("vllm_selfspec.offline",)),

@@ -1,5 +1,5 @@
 """Low-bit draft weights (key draft_weights): quantized copies, their kernels and the
-per-shape kernel table (proposers/low_bit.py)."""
+per-shape kernel table (vllm_selfspec/proposers/low_bit.py)."""
 
 import pytest
 import torch

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from tests.unit.test_layer_skip_proposer import FakeTarget, V
+from tests.unit.test_draft_verify import FakeTarget, V
 from vllm_selfspec import methods
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.ngrammys_selfspec import SELF_DRAFT, NGrammysSelfSpecProposer

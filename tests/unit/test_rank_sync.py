@@ -22,7 +22,7 @@ import torch
 from vllm_selfspec.bridge import DraftContext
 from vllm_selfspec.drafter import PluginDrafter
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
-from vllm_selfspec.proposers.layer_skip import SelfSpecProposer
+from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
 from vllm_selfspec.rank_sync import NOT_READY, RankSync, for_engine

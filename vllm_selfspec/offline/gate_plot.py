@@ -1,5 +1,5 @@
 """The cost gate's decisions over a run: for each method of a ``tools/bench.py``
-report whose drafter has a cost gate (``proposers/cost_gate.py``), the most drafts it
+report whose drafter has a cost gate (``vllm_selfspec/proposers/cost_gate.py``), the most drafts it
 allowed per step and the gain over plain decoding it predicted, one panel per method. The
 gain is the best evidence class's, with acceptance read one standard deviation optimistic
 (``CostGate.plan``: what the gate decides on), so it bounds the measured speedup from above.

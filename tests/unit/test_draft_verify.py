@@ -3,7 +3,7 @@
 import torch
 
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
-from vllm_selfspec.proposers.layer_skip import SelfSpecProposer
+from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 V = 16

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from .base import DraftBatch, Proposal, Verification
-from .layer_skip import SelfSpecOptions, SelfSpecProposer
+from .draft_verify import SelfSpecOptions, SelfSpecProposer
 from .ngrammys import (
     DATASTORE_HELP,
     HISTORY_HELP,

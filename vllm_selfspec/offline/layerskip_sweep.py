@@ -51,8 +51,8 @@ def sweep_row(objective: Any, exit_layer: int, ds: list[int]) -> dict[str, Any]:
     """Early-exit agreement at depth E and the replayed figures for every d (one
     teacher-forced pass per E, replayed for each d)."""
     from vllm_selfspec.offline.dev_set import agreement
-    from vllm_selfspec.proposers.early_exit import early_exit_mask, fixed_speculations
     from vllm_selfspec.proposers.expected_speedup import replay
+    from vllm_selfspec.proposers.layerskip import early_exit_mask, fixed_speculations
 
     L = objective.num_layers
     mask = early_exit_mask(exit_layer, L)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     from vllm_selfspec.offline.dev_set import load_dev_set
     from vllm_selfspec.offline.objectives import ProxyObjective, read_cost_model
     from vllm_selfspec.proposers.artifacts import append_jsonl, read_jsonl
-    from vllm_selfspec.proposers.early_exit import fixed_speculations
+    from vllm_selfspec.proposers.layerskip import fixed_speculations
 
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)

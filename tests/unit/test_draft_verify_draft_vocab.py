@@ -10,9 +10,9 @@ from vllm_selfspec.checkpoints import SHIPPED, load_draft_vocab_ids, resolve_dra
 from vllm_selfspec.model_info import ModelInfo
 from vllm_selfspec.proposers.artifacts import ArtifactError, ModelStamp
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
+from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
 from vllm_selfspec.proposers.draft_vocab import DraftVocab
-from vllm_selfspec.proposers.early_exit import EarlyExitProposer
-from vllm_selfspec.proposers.layer_skip import SelfSpecProposer
+from vllm_selfspec.proposers.layerskip import EarlyExitProposer
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
 

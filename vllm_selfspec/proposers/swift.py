@@ -43,8 +43,8 @@ import torch
 
 from .base import ContextWindow, DraftBatch, Proposal, Verification
 from .draft_exit import DraftExitConfig
+from .draft_verify import SelfSpecProposer
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
-from .layer_skip import SelfSpecProposer
 from .options import CommonOptions, draft_vocab_option, draft_weights_option, option
 from .skip_mask import SkipMask, uniform_mask
 

@@ -18,7 +18,7 @@ exit-query cache of §4.3.3 is not used: vLLM's verify forward starts at layer 0
 so the first E layers are recomputed over the d drafts (paper Table 6: 5-12% of
 the time per token on CPU).
 With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
-(as in ``layer_skip``).
+(as in ``draft_verify``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .draft_exit import DraftExitConfig
-from .layer_skip import SelfSpecProposer
+from .draft_verify import SelfSpecProposer
 from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
 from .skip_mask import SkipMask, SkipMaskError
 
