@@ -13,16 +13,24 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from vllm_selfspec.proposers.chimera_drafting import ChimeraOptions
-from vllm_selfspec.proposers.draft_verify import SelfSpecOptions
-from vllm_selfspec.proposers.layerskip import LayerSkipOptions
-from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions
+from vllm_selfspec import resolvers
+from vllm_selfspec.errors import SelfSpecConfigError as SelfSpecConfigError  # re-exported
+from vllm_selfspec.proposers.chimera_drafting import ChimeraOptions, ChimeraProposer
+from vllm_selfspec.proposers.draft_verify import SelfSpecOptions, SelfSpecProposer
+from vllm_selfspec.proposers.layerskip import EarlyExitProposer, LayerSkipOptions
+from vllm_selfspec.proposers.ngrammys import DEFAULT_WIDTH, NGrammysOptions, NGrammysProposer
 from vllm_selfspec.proposers.ngrammys_chimera import DEFAULT_WIDTH as NGRAMMYS_CHIMERA_WIDTH
-from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions
-from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryOptions
-from vllm_selfspec.proposers.ngrammys_selfspec import NGrammysSelfSpecOptions
+from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraOptions, NGrammysChimeraProposer
+from vllm_selfspec.proposers.ngrammys_history import (
+    NGrammysHistoryOptions,
+    NGrammysHistoryProposer,
+)
+from vllm_selfspec.proposers.ngrammys_selfspec import (
+    NGrammysSelfSpecOptions,
+    NGrammysSelfSpecProposer,
+)
 from vllm_selfspec.proposers.options import option_fields
-from vllm_selfspec.proposers.swift import SwiftOptions
+from vllm_selfspec.proposers.swift import SwiftOptions, SwiftProposer
 
 PLUGIN_KEY = "vllm_selfspec"
 DRAFTER_CLASS = "vllm_selfspec.drafter.PluginDrafter"
@@ -38,10 +46,6 @@ FOREIGN_CORE_KEYS = frozenset({
     "prompt_lookup_max", "prompt_lookup_min", "num_speculative_tokens_per_batch_size",
     "parallel_drafting", "use_heterogeneous_vocab", "attention_backend", "kv_cache_dtype",
 })
-
-
-class SelfSpecConfigError(ValueError):
-    """A speculative config the plugin cannot run; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -114,18 +118,18 @@ def keys_of(options: type) -> tuple[Key, ...]:
 class Method:
     name: str
     aliases: tuple[str, ...]
-    proposer: str  # "module:Class" of the algorithm (vllm_selfspec.proposers.*)
+    proposer: type  # the algorithm's class (vllm_selfspec.proposers.*)
     default_k: int | None  # None: fixed at start-up by ``prepare`` (e.g. Chimera's heads)
     options: type  # the proposer's typed options (proposers.options): the user keys
     summary: str
     # constraints between keys, on the validated options (raise SelfSpecConfigError)
     check: Callable[[dict[str, Any]], None] | None = None
-    # "module:function" (opts, ModelInfo) -> SkipMask that picks the draft's skip mask at
-    # start-up (vllm_selfspec.masks), for methods that draft through the target's layers
-    skip_mask: str | None = None
-    # "module:function" (opts, ModelInfo, core keys) -> None: other start-up work that needs
-    # the model (find and check artifacts: bigram tables, checkpoints)
-    prepare: str | None = None
+    # (opts, ModelInfo) -> SkipMask: picks the draft's skip mask at start-up (resolvers.py),
+    # for methods that draft through the target's layers
+    skip_mask: Callable[[dict[str, Any], Any], Any] | None = None
+    # (opts, ModelInfo, core keys) -> None: the method's other artifacts, found and checked
+    # at start-up (resolvers.py: bigram tables, datastores, checkpoints)
+    prepare: Callable[[dict[str, Any], Any, dict[str, Any]], None] | None = None
 
     @property
     def keys(self) -> tuple[Key, ...]:
@@ -138,9 +142,9 @@ class Method:
 SELFSPEC = Method(
     name="selfspec",
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
-    proposer="vllm_selfspec.proposers.draft_verify:SelfSpecProposer",
-    skip_mask="vllm_selfspec.masks:resolve_skip_mask",
-    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
+    proposer=SelfSpecProposer,
+    skip_mask=resolvers.resolve_skip_mask,
+    prepare=resolvers.resolve_draft_vocab,
     default_k=12,
     summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
             "sub-layers; adaptive draft exit",
@@ -150,9 +154,9 @@ SELFSPEC = Method(
 SWIFT = Method(
     name="swift",
     aliases=("swift_ots",),
-    proposer="vllm_selfspec.proposers.swift:SwiftProposer",
-    skip_mask="vllm_selfspec.masks:resolve_swift_mask",
-    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
+    proposer=SwiftProposer,
+    skip_mask=resolvers.resolve_swift_mask,
+    prepare=resolvers.resolve_draft_vocab,
     default_k=12,
     summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
             "(random search + interval Bayesian optimization scored by matchness), then "
@@ -165,9 +169,9 @@ SWIFT = Method(
 LAYERSKIP = Method(
     name="layerskip",
     aliases=("layer_skip", "early_exit"),
-    proposer="vllm_selfspec.proposers.layerskip:EarlyExitProposer",
-    skip_mask="vllm_selfspec.masks:resolve_exit_mask",
-    prepare="vllm_selfspec.checkpoints:resolve_draft_vocab",
+    proposer=EarlyExitProposer,
+    skip_mask=resolvers.resolve_exit_mask,
+    prepare=resolvers.resolve_draft_vocab,
     default_k=6,  # the LayerSkip README's --num_speculations 6
     summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
             "head (early exit), verified by the full model",
@@ -191,8 +195,8 @@ def _check_query_lengths(opts: dict[str, Any]) -> None:
 NGRAMMYS = Method(
     name="ngrammys",
     aliases=("n-grammys", "n_grammys"),
-    proposer="vllm_selfspec.proposers.ngrammys:NGrammysProposer",
-    prepare="vllm_selfspec.plugin:resolve_ngrammys_artifacts",
+    proposer=NGrammysProposer,
+    prepare=resolvers.resolve_ngrammys_artifacts,
     default_k=DEFAULT_WIDTH,
     summary="N-Grammys: learning-free drafts from context n-grams, then the model-derived "
             "(extended) bigram table; one chain of k candidate rows per step",
@@ -205,7 +209,7 @@ NGRAMMYS_HISTORY = dataclasses.replace(
     NGRAMMYS,
     name="ngrammys-history",
     aliases=("ngrammys_history",),
-    proposer="vllm_selfspec.proposers.ngrammys_history:NGrammysHistoryProposer",
+    proposer=NGrammysHistoryProposer,
     summary="N-Grammys' context n-grams, else earlier requests' prompts and outputs "
             "(SuffixDecoding's cross-request idea), else a datastore of ShareGPT answers "
             "(REST), else the model-derived bigram rows",
@@ -215,8 +219,8 @@ NGRAMMYS_HISTORY = dataclasses.replace(
 CHIMERA = Method(
     name="chimera",
     aliases=(),
-    proposer="vllm_selfspec.proposers.chimera_drafting:ChimeraProposer",
-    prepare="vllm_selfspec.checkpoints:resolve_checkpoint",
+    proposer=ChimeraProposer,
+    prepare=resolvers.resolve_checkpoint,
     default_k=None,  # the checkpoint's number of decoding heads
     summary="Chimera: a small trained draft model (trigram encoder, one encoder block, "
             "residual heads) over the target's own last-layer hidden states",
@@ -226,8 +230,8 @@ CHIMERA = Method(
 NGRAMMYS_CHIMERA = Method(
     name="ngrammys-chimera",
     aliases=("ngrammys_chimera",),
-    proposer="vllm_selfspec.proposers.ngrammys_chimera:NGrammysChimeraProposer",
-    prepare="vllm_selfspec.checkpoints:resolve_checkpoint",
+    proposer=NGrammysChimeraProposer,
+    prepare=resolvers.resolve_checkpoint,
     default_k=NGRAMMYS_CHIMERA_WIDTH,
     summary="context n-grams (N-Grammys §4.2) where the context has a match, Chimera's heads "
             "where it has none",
@@ -238,9 +242,9 @@ NGRAMMYS_CHIMERA = Method(
 NGRAMMYS_SELFSPEC = Method(
     name="ngrammys-selfspec",
     aliases=("ngrammys_selfspec",),
-    proposer="vllm_selfspec.proposers.ngrammys_selfspec:NGrammysSelfSpecProposer",
-    skip_mask="vllm_selfspec.masks:resolve_skip_mask",
-    prepare="vllm_selfspec.plugin:resolve_ngrammys_selfspec_artifacts",
+    proposer=NGrammysSelfSpecProposer,
+    skip_mask=resolvers.resolve_skip_mask,
+    prepare=resolvers.resolve_ngrammys_selfspec_artifacts,
     default_k=12,
     summary="context n-grams, earlier requests and a datastore where they match; the model's "
             "own low-bit self-draft (Draft & Verify through low-bit weights) elsewhere",

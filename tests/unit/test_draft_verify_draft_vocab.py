@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_selfspec import methods
-from vllm_selfspec.checkpoints import SHIPPED, load_draft_vocab_ids, resolve_draft_vocab
+from vllm_selfspec.checkpoints import SHIPPED, load_draft_vocab_ids
 from vllm_selfspec.model_info import ModelInfo
 from vllm_selfspec.proposers.artifacts import ArtifactError, ModelStamp
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
@@ -15,6 +15,7 @@ from vllm_selfspec.proposers.draft_vocab import DraftVocab
 from vllm_selfspec.proposers.layerskip import EarlyExitProposer
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
+from vllm_selfspec.resolvers import resolve_draft_vocab
 
 V, H = 32, 8
 

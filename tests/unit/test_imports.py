@@ -125,12 +125,12 @@ def test_an_engine_starts_up_without_the_offline_tools():
     datastore the ngrammys methods build when none is given load from the cache."""
     code = BLOCKER.split("pkg = importlib")[0] + """
 from types import SimpleNamespace
-from vllm_selfspec import assets, plugin
+from vllm_selfspec import assets, plugin, resolvers
 from vllm_selfspec.model_info import stamp_from_path
 plugin.register()
 path = assets.resolve_model("smollm2-135m")
 opts = {"datastore": "sharegpt"}
-plugin.resolve_ngrammys_artifacts(opts, SimpleNamespace(path=path, stamp=stamp_from_path(path)), {})
+resolvers.resolve_ngrammys_artifacts(opts, SimpleNamespace(path=path, stamp=stamp_from_path(path)), {})
 assert opts["table_path"] and opts["datastore_path"], opts
 print(json.dumps({"offline": sorted(m for m in sys.modules
                                     if m.startswith("vllm_selfspec.offline"))}))

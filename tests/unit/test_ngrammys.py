@@ -195,7 +195,7 @@ def test_bigram_table_none_drafts_from_the_context_only(monkeypatch):
     from types import SimpleNamespace
 
     import vllm_selfspec.builders.bigram as bb
-    from vllm_selfspec.plugin import resolve_bigram_table
+    from vllm_selfspec.resolvers import resolve_bigram_table
 
     def no_build(*a):
         raise AssertionError("no table may be built")

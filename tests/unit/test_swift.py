@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_selfspec.masks import resolve_swift_mask, save_swift_mask
+from vllm_selfspec.masks import save_swift_mask
 from vllm_selfspec.methods import SelfSpecConfigError, split_config
 from vllm_selfspec.model_info import ModelInfo
 from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
@@ -15,6 +15,7 @@ from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, uniform_mask
 from vllm_selfspec.proposers.swift import ACCELERATE, OPTIMIZE, SwiftProposer
+from vllm_selfspec.resolvers import resolve_swift_mask
 
 V = 16
 L = 8

