@@ -8,16 +8,24 @@ through ``vllm serve`` with its defaults (test_serve.py)."""
 import pytest
 from vllm import SamplingParams
 
-from tests.engine.helpers import MAX_TOKENS, make_llm, shutdown, token_ids
+from tests.engine.helpers import (
+    MAX_TOKENS,
+    check_sampling_distribution,
+    make_llm,
+    shutdown,
+    token_ids,
+)
 from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
 
 
 def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
-        model_path, eval_prompts, reference):
+        model_path, eval_prompts, reference, sampled_reference):
     """Context n-grams where the text repeats, the low-bit self-draft elsewhere (gate off:
-    every request drafts every step); greedy output identical to plain decoding."""
+    every request drafts every step); greedy output identical to plain decoding, and
+    sampling, with deterministic n-gram drafts and sampled self-drafts in one batch, follows
+    plain decoding's distribution (helpers.check_sampling_distribution)."""
     from vllm_selfspec import control
 
     llm = make_llm(model_path, speculative_config={"method": "ngrammys-selfspec",
@@ -26,6 +34,7 @@ def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
         outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
                             use_tqdm=False)
         stats = llm.collective_rpc(control.drafter_stats)[0]
+        check_sampling_distribution(llm, sampled_reference)
     finally:
         shutdown(llm)
     assert token_ids(outs) == reference

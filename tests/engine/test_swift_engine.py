@@ -18,6 +18,7 @@ from tests.engine.helpers import (
     MAX_TOKENS,
     SAMPLING_CASES,
     check_request_control,
+    check_sampling_distribution,
     make_llm,
     sampled_acceptance,
     shutdown,
@@ -67,7 +68,11 @@ def test_greedy_identical_while_optimizing_and_after(model_path, eval_prompts, r
     assert len(saved["attention"]) + len(saved["mlp"]) == int(2 * 28 * 0.45)
 
 
-def test_cache_hit_starts_from_the_saved_set(model_path, eval_prompts, reference, mask_file):
+def test_cache_hit_starts_from_the_saved_set(model_path, eval_prompts, reference, mask_file,
+                                             sampled_reference):
+    """Starting from the saved layer set: greedy identical, and sampling with the set's
+    lossy low-bit drafts follows plain decoding's distribution
+    (helpers.check_sampling_distribution)."""
     saved = json.loads(mask_file.read_text())
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 6, "cache_hit": True,
@@ -77,6 +82,7 @@ def test_cache_hit_starts_from_the_saved_set(model_path, eval_prompts, reference
         sampled = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8,
                                                             seed=3), use_tqdm=False)
         st = stats(llm)
+        check_sampling_distribution(llm, sampled_reference)
     finally:
         shutdown(llm)
     assert out == reference
