@@ -36,6 +36,7 @@ def test_a_drafter_publishes_and_a_scrape_reads(tmp_path):
     assert 'source="context"} 5.0' in text and 'source="datastore"} 2.0' in text
     assert "vllm_selfspec:draft_failures_total" in text and "# TYPE vllm_selfspec:draft_time_share gauge" in text
     f = metrics.read_figures(str(tmp_path))[0]
+    # bookkeeping of the clock values handed to step() above, not a measured time
     assert f.step_seconds == pytest.approx(0.02) and f.draft_time_share == pytest.approx(0.25)
 
 

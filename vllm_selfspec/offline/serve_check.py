@@ -185,46 +185,45 @@ def http_call(port: int, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
-def metrics(port: int) -> dict[str, float]:
-    """vLLM's Prometheus counters we read, summed over their labels."""
+def _samples(port: int) -> list[tuple[str, str, float]]:
+    """(name, labels, value) of every sample on the server's ``/metrics`` ([] if unreachable)."""
     try:
         _, text = http_call(port, "GET", "/metrics", timeout=30)
     except OSError:
-        return {}
-    out: dict[str, float] = {}
+        return []
+    out = []
     for line in text.decode(errors="replace").splitlines():
-        if not line or line.startswith("#"):
-            continue
         m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        if m:
+            try:
+                out.append((m.group(1), m.group(2) or "", float(m.group(3))))
+            except ValueError:
+                pass
+    return out
+
+
+def metrics(port: int) -> dict[str, float]:
+    """vLLM's Prometheus counters we read, summed over their labels."""
+    out: dict[str, float] = {}
+    for name, labels, value in _samples(port):
         key = name
         if name == "vllm:request_success_total":
             r = re.search(r'finished_reason="(\w+)"', labels)
             key = f"vllm:request_success:{r.group(1) if r else '?'}_total"
-        try:
-            out[key] = out.get(key, 0.0) + float(value)
-        except ValueError:
-            pass
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
 def drafter_metrics(port: int) -> dict[str, Any]:
     """The drafter's own figures on ``/metrics`` (vllm_selfspec/metrics.py), summed over
     engines, with the drafts by source: {} when there are none."""
-    try:
-        _, text = http_call(port, "GET", "/metrics", timeout=30)
-    except OSError:
-        return {}
     out: dict[str, Any] = {}
-    for line in text.decode(errors="replace").splitlines():
-        m = re.match(r"^" + re.escape(PREFIX) + r"(\w+?)(_total)?(\{[^}]*\})?\s+(\S+)$", line)
-        if not m or m.group(1) not in FAMILIES:
+    for full, labels, value in _samples(port):
+        name = full[len(PREFIX):].removesuffix("_total") if full.startswith(PREFIX) else ""
+        if name not in FAMILIES:
             continue
-        name, value = m.group(1), float(m.group(4))
         if name == "drafts":
-            src = re.search(r'source="([^"]*)"', m.group(3) or "")
+            src = re.search(r'source="([^"]*)"', labels)
             drafts = out.setdefault("drafts", {})
             key = src.group(1) if src else "?"
             drafts[key] = drafts.get(key, 0) + int(value)
