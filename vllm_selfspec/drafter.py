@@ -370,7 +370,6 @@ class PluginDrafter:
         if self.gate is not None:
             self.gate.drafted(tokens, seconds, timed)
 
-
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()
         if now - self._last_stats < STATS_INTERVAL_S:
