@@ -2,6 +2,10 @@
 ``datastore``): ShareGPT first answers in the model's tokens, indexed when loaded.
 
     python tools/build_datastore.py --model smollm2-135m --out STORE.safetensors [--install]
+    python tools/build_datastore.py --model smollm2-135m --corpus CORPUS --out OWN.safetensors
+
+``--corpus`` takes the model's own greedy answers from a corpus folder (``tools/corpus.py``)
+instead of ShareGPT's (ChatGPT's) answers.
 
 The file (safetensors) is stamped with the model's fingerprint and vocabulary size; the
 methods refuse it for any other model. ``--install`` also caches it where
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from pathlib import Path
 
 from vllm_selfspec.proposers.datastore import DEFAULT_DATASTORE_TOKENS
 
@@ -23,6 +28,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--model", default="smollm2-135m", help="alias, local folder or hub name")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS)
     p.add_argument("--out", required=True, help="datastore file (.safetensors)")
+    p.add_argument("--corpus", default=None,
+                   help="a corpus folder of the model's own answers (tools/corpus.py)")
     p.add_argument("--install", action="store_true",
                    help="also cache it as this model's default datastore")
     args = p.parse_args(argv)
@@ -35,8 +42,16 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     path = resolve_model(args.model)
     stamp = stamp_from_path(path)
-    store = build_datastore(path, stamp, args.max_tokens,
-                            lambda it: tqdm(it, desc="tokenizing ShareGPT answers"))
+    if args.corpus:
+        from vllm_selfspec.offline import corpus
+        from vllm_selfspec.proposers.datastore import Datastore
+
+        corpus.check_stamp(Path(args.corpus), stamp, corpus.read_limits(Path(args.corpus)))
+        tokens, meta = corpus.datastore_tokens(Path(args.corpus), args.max_tokens)
+        store = Datastore(tokens, stamp, meta, "corpus")
+    else:
+        store = build_datastore(path, stamp, args.max_tokens,
+                                lambda it: tqdm(it, desc="tokenizing ShareGPT answers"))
     store.save(args.out)
     report = {"out": args.out, **store.meta, "memory_bytes": store.memory_bytes()}
     if args.install:

@@ -124,7 +124,7 @@ def teacher_forced_records(tokenizer: Any, convs: list[Conversation], token_budg
 
 def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path,
                    shard_tokens: int = 32768, batch_tokens: int = 4096, threads: int | None = None,
-                   progress: Any = None) -> list[Path]:
+                   device: str = "cpu", progress: Any = None) -> list[Path]:
     """Shards ``states-NNNNN.npz`` with, per sequence (prompt + response, concatenated
     over the shard): ``tokens`` int32, ``hidden`` float16 [n, H] (final-norm last-layer
     states), ``labels`` int32 (the target's top-1 after each answer position, -1
@@ -144,7 +144,7 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
         return [out_dir / s["file"] for s in index["shards"]]
     if threads:
         torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
 
     buf: dict[str, list[Any]] = {"tokens": [], "hidden": [], "labels": [], "mask": [], "ids": []}
 
@@ -188,15 +188,16 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
             for j, s in enumerate(seqs):
                 x[j, : len(s)] = torch.tensor(s)
                 att[j, : len(s)] = 1
-            h = model.model(input_ids=x, attention_mask=att).last_hidden_state
+            h = model.model(input_ids=x.to(device), attention_mask=att.to(device)).last_hidden_state
             for j, (r, s) in enumerate(zip(group, seqs)):
                 n = len(s)
                 mask = np.zeros(n, dtype=bool)
                 mask[len(r["prompt"]) - 1: n - 1] = True  # positions whose next token is the answer
                 labels = np.full(n, -1, dtype=np.int32)  # the LM head runs where labels count
-                labels[mask] = model.lm_head(h[j, :n][torch.from_numpy(mask)]).argmax(-1).numpy()
+                sel = torch.from_numpy(mask).to(device)
+                labels[mask] = model.lm_head(h[j, :n][sel]).argmax(-1).cpu().numpy()
                 buf["tokens"].append(np.asarray(s, dtype=np.int32))
-                buf["hidden"].append(h[j, :n].numpy().astype(np.float16))
+                buf["hidden"].append(h[j, :n].cpu().numpy().astype(np.float16))
                 buf["labels"].append(labels)
                 buf["mask"].append(mask)
                 buf["ids"].append(r["id"])

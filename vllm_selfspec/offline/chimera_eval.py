@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--work", default=None, help="the training run's folder (default CKPT.work)")
+    p.add_argument("--corpus", "--work", dest="work", default=None,
+                   help="the corpus folder with the held-out states (default CKPT.work)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--draft-cost", type=float, default=0.08,
                    help="decode steps per draft token (tools/draft_cost.py)")

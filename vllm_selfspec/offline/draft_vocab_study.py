@@ -51,7 +51,8 @@ def _head_ms(rows: int, hidden: int, repeats: int = 200) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work", required=True, help="a tools/train_chimera.py folder")
+    p.add_argument("--corpus", "--work", dest="work", required=True,
+                   help="a corpus folder (tools/corpus.py, tools/train_chimera.py)")
     p.add_argument("--vocab-size", type=int, default=49152)
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--json", dest="json_out", default=None)

@@ -51,7 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, required=True,
                    help="response tokens to train on (the held-out split comes on top)")
     p.add_argument("--out", required=True, help="checkpoint file (.safetensors)")
-    p.add_argument("--work", default=None, help="stage folder (default: OUT.work)")
+    p.add_argument("--work", default=None,
+                   help="trainer state, logs and report (default: OUT.work)")
+    p.add_argument("--corpus", default=None,
+                   help="the target's answers and states (tools/corpus.py; default: the work "
+                        "folder), made or extended where short")
     p.add_argument("--labels", default="self", choices=["self", "teacher-forced"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
     p.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
@@ -98,17 +102,25 @@ class Sequences:
         return int(self.mask.sum())
 
     @classmethod
-    def load(cls, shards: list[Path]) -> Sequences:
-        parts = [np.load(s) for s in shards]
-        offs, at = [0], 0
-        for p in parts:
+    def load(cls, shards: list[Path], keep: set[str] | None = None) -> Sequences:
+        """The sequences of these shards (``chimera_data.collect_states``); with ``keep``,
+        only those records (a shard may hold records of a larger earlier run)."""
+        cols: dict[str, list[np.ndarray]] = {"tokens": [], "hidden": [], "labels": [],
+                                             "loss_mask": []}
+        offs = [0]
+        for s in shards:
+            p = np.load(s)
             o = p["offsets"]
-            offs.extend((o[1:] + at).tolist())
-            at += int(o[-1])
-        return cls(np.concatenate([p["tokens"] for p in parts]),
-                   np.concatenate([p["hidden"] for p in parts]),
-                   np.concatenate([p["labels"] for p in parts]),
-                   np.concatenate([p["loss_mask"] for p in parts]),
+            ids = _shard_ids(s)
+            for i in range(len(o) - 1):
+                if keep is not None and ids[i] not in keep:
+                    continue
+                a, b = int(o[i]), int(o[i + 1])
+                for k, v in cols.items():
+                    v.append(p[k][a:b])
+                offs.append(offs[-1] + b - a)
+        return cls(*(np.concatenate(cols[k]) for k in ("tokens", "hidden", "labels",
+                                                        "loss_mask")),
                    np.asarray(offs, dtype=np.int64))
 
     def batches(self, batch_tokens: int, max_seq: int, rng: np.random.Generator | None
@@ -150,6 +162,12 @@ class Sequences:
             lab[j, : b - a] = torch.from_numpy(self.labels[a:b].astype(np.int64))
             msk[j, : b - a] = torch.from_numpy(self.mask[a:b])
         return tok.to(device), hid.to(device), lab.to(device), msk.to(device)
+
+
+def _shard_ids(shard: Path) -> list[str]:
+    """The record ids of a states shard, in order (its folder's ``index.json``)."""
+    index = json.loads((shard.parent / "index.json").read_text())
+    return next(x["ids"] for x in index["shards"] if x["file"] == shard.name)
 
 
 def lr_at(step: int, total: int, base: float, warmup: float) -> float:
@@ -222,6 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.offline import chimera_data as cd
+    from vllm_selfspec.offline import corpus
     from vllm_selfspec.proposers.chimera import ChimeraConfig, ChimeraDraftModel, save_checkpoint
     from vllm_selfspec.proposers.draft_vocab import DraftVocab
 
@@ -240,36 +259,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # 1-3: data
     print(f"[1/6] prompts: ShareGPT first turns ({args.labels} responses)")
-    convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
     held_tokens = args.held_out_tokens
     if args.labels == "self":
+        folder = Path(args.corpus) if args.corpus else work
+        limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
+                               seed=args.seed)
         bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
                    unit="tok")
-        held_recs = cd.generate_responses(model_path, held, work / "heldout.jsonl",
-                                          max_tokens=args.max_response_tokens,
-                                          token_budget=held_tokens, progress=_counter(bar))
-        train_recs = cd.generate_responses(model_path, convs, work / "responses.jsonl",
-                                           max_tokens=args.max_response_tokens,
-                                           token_budget=args.tokens, progress=_counter(bar))
+        train_recs, held_recs = corpus.answers(model_path, folder, args.tokens, held_tokens,
+                                               limits, corpus.answer_engine(), args.device,
+                                               progress=_counter(bar))
+        bar.close()
+        total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
+        bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
+        train_shards, held_shards = corpus.states(model_path, folder, train_recs, held_recs,
+                                                  args.threads, args.device, bar.update)
         bar.close()
     else:
         print("[2/6] ShareGPT reference answers (teacher-forced)")
-        held_recs = cd.teacher_forced_records(tok, held, held_tokens,
-                                              max_tokens=args.max_response_tokens)
-        train_recs = cd.teacher_forced_records(tok, convs, args.tokens,
-                                               max_tokens=args.max_response_tokens)
-    train_recs = _take(train_recs, args.tokens)
-    held_recs = _take(held_recs, held_tokens)
-    total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
-    bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
-    held_shards = cd.collect_states(model_path, held_recs, work / "states-heldout",
-                                    threads=args.threads, progress=bar.update)
-    train_shards = cd.collect_states(model_path, train_recs, work / "states-train",
-                                     threads=args.threads, progress=bar.update)
-    bar.close()
-    train = Sequences.load(_shards_for(work / "states-train", train_recs))
-    heldout = Sequences.load(_shards_for(work / "states-heldout", held_recs))
-    del train_shards, held_shards
+        convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
+        held_recs = corpus.take(cd.teacher_forced_records(
+            tok, held, held_tokens, max_tokens=args.max_response_tokens), held_tokens)
+        train_recs = corpus.take(cd.teacher_forced_records(
+            tok, convs, args.tokens, max_tokens=args.max_response_tokens), args.tokens)
+        total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
+        bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
+        held_shards = corpus.shards_for(work / corpus.HELD_OUT_STATES, held_recs,
+                                        cd.collect_states(model_path, held_recs,
+                                                          work / corpus.HELD_OUT_STATES,
+                                                          threads=args.threads,
+                                                          device=args.device,
+                                                          progress=bar.update))
+        train_shards = corpus.shards_for(work / corpus.TRAIN_STATES, train_recs,
+                                         cd.collect_states(model_path, train_recs,
+                                                           work / corpus.TRAIN_STATES,
+                                                           threads=args.threads,
+                                                           device=args.device,
+                                                           progress=bar.update))
+        bar.close()
+    train = Sequences.load(train_shards, {r["id"] for r in train_recs})
+    heldout = Sequences.load(held_shards, {r["id"] for r in held_recs})
 
     # 4: draft vocabulary
     counts = cd.token_counts(train_recs, stamp.vocab_size)
@@ -391,23 +420,6 @@ def _counter(bar: Any) -> Any:
         seen[0] = total
 
     return update
-
-
-def _take(recs: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    out, n = [], 0
-    for r in recs:
-        if n >= budget:
-            break
-        out.append(r)
-        n += len(r["response"])
-    return out
-
-
-def _shards_for(folder: Path, recs: list[dict[str, Any]]) -> list[Path]:
-    """The shards that hold these records (a larger earlier run may hold more)."""
-    index = json.loads((folder / "index.json").read_text())
-    want = {r["id"] for r in recs}
-    return [folder / s["file"] for s in index["shards"] if want.intersection(s["ids"])]
 
 
 def _target_state(model_path: str) -> dict[str, Any]:

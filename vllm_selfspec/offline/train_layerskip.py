@@ -27,8 +27,8 @@ SmolLM2's 30 layers), S(t) = 1, learning rate 3e-5 (its Table 8). ``--e-scale 0`
 trains layer dropout only (LD), ``--p-max 0`` the early-exit loss only (EE).
 
 Data: the model's own greedy answers to ShareGPT first turns (``--data-source self``,
-generated once with vLLM into ``--data-work``, the same files as
-``tools/train_chimera.py``'s: point ``--data-work`` at such a folder to reuse them), so
+kept in a corpus folder, ``--corpus``, made or extended by ``offline.corpus`` as for
+``tools/train_chimera.py`` and ``tools/corpus.py``: point ``--corpus`` at one to reuse it), so
 the model is trained on what it would say anyway; ``--data-source sharegpt`` takes
 ShareGPT's reference answers instead (no generation). Sequences are prompt + answer, the
 loss on the answer tokens (labels: the next token). The held-out split is
@@ -157,9 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-source", default="self", choices=["self", "sharegpt"],
                    help="self: the model's greedy answers (vLLM, generated once); sharegpt: "
                         "ShareGPT's reference answers (no generation)")
-    p.add_argument("--data-work", default=None,
-                   help="folder of responses.jsonl / heldout.jsonl (default: OUT.data; "
-                        "tools/train_chimera.py's work folder holds the same files)")
+    p.add_argument("--corpus", "--data-work", dest="corpus", default=None,
+                   help="corpus folder of the model's answers (tools/corpus.py; default: "
+                        "OUT.data), made or extended where short")
     g = p.add_argument_group("layer dropout (eqs. 1-2)")
     g.add_argument("--p-max", type=float, default=DEFAULTS["p_max"],
                    help="dropout rate of the last layer (0: no layer dropout)")
@@ -204,35 +204,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_records(args: argparse.Namespace, model_path: str, tok: Any, work: Path
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, held-out) records {"id", "prompt", "response"} (token ids)."""
+    """(train, held-out) records {"id", "prompt", "response"} (token ids): the model's
+    greedy answers from the corpus folder (``offline.corpus``), or ShareGPT's answers."""
     from tqdm import tqdm
 
     from vllm_selfspec.offline import chimera_data as cd
-    from vllm_selfspec.offline.train_chimera import _counter, _take
+    from vllm_selfspec.offline import corpus
+    from vllm_selfspec.offline.train_chimera import _counter
 
-    convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.split_seed)
     held_budget = max(1, args.eval_tokens)
     if args.data_source == "self":
+        limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
+                               seed=args.split_seed)
         bar = tqdm(total=args.tokens + held_budget, desc="the model's greedy answers", unit="tok")
-        held_recs = cd.generate_responses(model_path, held, work / "heldout.jsonl",
-                                          max_tokens=args.max_response_tokens,
-                                          token_budget=held_budget, progress=_counter(bar))
-        train_recs = cd.generate_responses(model_path, convs, work / "responses.jsonl",
-                                           max_tokens=args.max_response_tokens,
-                                           token_budget=args.tokens, progress=_counter(bar))
-        bar.n = min(bar.total, sum(len(r["response"]) for r in held_recs + train_recs))
-        bar.close()  # (nothing to generate when the work folder holds enough answers)
-    else:
-        held_recs = cd.teacher_forced_records(tok, held, held_budget,
-                                              max_tokens=args.max_response_tokens)
-        train_recs = cd.teacher_forced_records(tok, convs, args.tokens,
-                                               max_tokens=args.max_response_tokens)
-    # never train on a held-out conversation, whatever a shared work folder holds
-    train_ids, held_ids = {c.id for c in convs}, {c.id for c in held}
-    train_recs = _take([r for r in train_recs if r["id"] in train_ids and r["response"]],
-                       args.tokens)
-    held_recs = _take([r for r in held_recs if r["id"] in held_ids and r["response"]],
-                      args.eval_tokens) if args.eval_tokens > 0 else []
+        train_recs, held_recs = corpus.answers(model_path, work, args.tokens, held_budget,
+                                               limits, corpus.answer_engine(), args.device,
+                                               progress=_counter(bar))
+        bar.close()
+        return train_recs, (held_recs if args.eval_tokens > 0 else [])
+    convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.split_seed)
+    train_recs = cd.teacher_forced_records(tok, convs, args.tokens,
+                                           max_tokens=args.max_response_tokens)
+    held_recs = cd.teacher_forced_records(tok, held, held_budget,
+                                          max_tokens=args.max_response_tokens)
+    train_recs = corpus.take([r for r in train_recs if r["response"]], args.tokens)
+    held_recs = corpus.take([r for r in held_recs if r["response"]],
+                            args.eval_tokens) if args.eval_tokens > 0 else []
     return train_recs, held_recs
 
 
@@ -496,7 +493,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     trainer = out / "trainer"
     trainer.mkdir(exist_ok=True)
-    work = Path(args.data_work) if args.data_work else out.with_name(out.name + ".data")
+    work = Path(args.corpus) if args.corpus else out.with_name(out.name + ".data")
     work.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     torch.manual_seed(args.seed)

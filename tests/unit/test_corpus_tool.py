@@ -1,0 +1,109 @@
+"""tools/corpus.py: the target's own answers (transformers route, tiny model), stamped and
+resumable, refused for another model or other limits, the source of a datastore and of
+Chimera's training data."""
+
+import json
+
+import numpy as np
+import pytest
+
+from vllm_selfspec.offline import corpus
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(small_vocab_model_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    args = ["--model", small_vocab_model_path, "--out", str(folder), "--engine", "transformers",
+            "--tokens", "300", "--held-out-tokens", "60", "--held-out", "4",
+            "--max-tokens", "24", "--num-seqs", "8", "--states"]
+    corpus.main(args)
+    return folder, args
+
+
+def test_answers_are_stamped_and_split(tiny_corpus, small_vocab_model_path):
+    folder, _ = tiny_corpus
+    stamp = json.loads((folder / corpus.STAMP_FILE).read_text())
+    train = [json.loads(x) for x in (folder / corpus.TRAIN_FILE).read_text().splitlines()]
+    held = [json.loads(x) for x in (folder / corpus.HELD_OUT_FILE).read_text().splitlines()]
+    assert stamp["splits"]["train"]["answer_tokens"] == sum(len(r["response"]) for r in train)
+    assert stamp["splits"]["train"]["answer_tokens"] >= 300
+    assert stamp["splits"]["held_out"]["records"] == len(held) and len(held) <= 4
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    assert all(0 < len(r["response"]) <= 24 for r in train)
+    assert stamp["limits"] == {"max_prompt_tokens": 512, "max_tokens": 24, "held_out": 4,
+                               "seed": 0}
+    assert stamp["engine"] == "transformers" and stamp["generation"]["answer_tokens"] > 0
+    from vllm_selfspec.model_info import stamp_from_path
+
+    assert stamp["model"]["fingerprint"] == stamp_from_path(small_vocab_model_path).fingerprint
+    # the states cover the records that hold the asked-for tokens
+    index = json.loads((folder / corpus.TRAIN_STATES / "index.json").read_text())
+    assert {i for s in index["shards"] for i in s["ids"]} == \
+        {r["id"] for r in corpus.take(train, 300)}
+
+
+def test_answers_are_greedy_continuations_of_the_model(tiny_corpus, small_vocab_model_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder, _ = tiny_corpus
+    rec = json.loads((folder / corpus.TRAIN_FILE).read_text().splitlines()[0])
+    model = AutoModelForCausalLM.from_pretrained(small_vocab_model_path, dtype=torch.float32)
+    ids = torch.tensor([rec["prompt"] + rec["response"]])
+    with torch.inference_mode():
+        top = model(ids).logits[0].argmax(-1).tolist()
+    n = len(rec["prompt"])
+    agree = np.mean([top[n - 1 + i] == t for i, t in enumerate(rec["response"])])
+    assert agree >= 0.9  # left padding in a batch may flip a near-tie, rarely
+
+
+def test_a_second_run_generates_nothing(tiny_corpus):
+    folder, args = tiny_corpus
+    before = json.loads((folder / corpus.STAMP_FILE).read_text())
+    lines = (folder / corpus.TRAIN_FILE).read_text()
+    corpus.main(args)
+    after = json.loads((folder / corpus.STAMP_FILE).read_text())
+    assert (folder / corpus.TRAIN_FILE).read_text() == lines
+    assert after["generation"] == before["generation"]
+
+
+def test_other_limits_or_model_are_refused(tiny_corpus, model_path):
+    folder, args = tiny_corpus
+    with pytest.raises(corpus.CorpusMismatch, match="max_tokens 24 != 32"):
+        corpus.main([*args, "--max-tokens", "32"])
+    with pytest.raises(corpus.CorpusMismatch, match="another model"):
+        corpus.main([*args[:1], model_path, *args[2:]])
+
+
+def test_datastore_of_the_models_own_text(tiny_corpus, small_vocab_model_path, tmp_path):
+    from vllm_selfspec.offline import build_datastore
+    from vllm_selfspec.proposers.datastore import Datastore
+    from vllm_selfspec.proposers.past_requests import SEPARATOR
+
+    folder, _ = tiny_corpus
+    tokens, meta = corpus.datastore_tokens(folder, 10_000)
+    train = [json.loads(x) for x in (folder / corpus.TRAIN_FILE).read_text().splitlines()]
+    assert int((tokens == SEPARATOR).sum()) == len(train) == meta["documents"]
+    # the training answers in file order, each closed by the separator; no held-out answer
+    want = np.concatenate([np.asarray([*r["response"], SEPARATOR]) for r in train])
+    assert np.array_equal(tokens, want)
+    out = tmp_path / "own.safetensors"
+    build_datastore.main(["--model", small_vocab_model_path, "--corpus", str(folder),
+                          "--out", str(out)])
+    store = Datastore.load(out)
+    assert store.meta["source"].startswith("the model's own") and store.corpus_tokens == tokens.size
+
+
+def test_chimera_trains_from_the_corpus(tiny_corpus, small_vocab_model_path, tmp_path):
+    from vllm_selfspec.offline import train_chimera
+
+    folder, _ = tiny_corpus
+    mtime = (folder / corpus.TRAIN_FILE).stat().st_mtime
+    report = train_chimera.main([
+        "--model", small_vocab_model_path, "--tokens", "200", "--out",
+        str(tmp_path / "c.safetensors"), "--corpus", str(folder), "--heads", "2",
+        "--draft-vocab", "256", "--epochs", "1", "--held-out", "4", "--held-out-tokens", "40",
+        "--max-response-tokens", "24", "--batch-tokens", "1024", "--max-seq", "256"])
+    assert (folder / corpus.TRAIN_FILE).stat().st_mtime == mtime  # nothing generated
+    assert 200 <= report["training"]["answer_tokens"] < 300
+    assert report["training"]["labels"] == "self"
