@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_selfspec.proposers.artifacts import ModelStamp, artifact_path
-from vllm_selfspec.proposers.chimera import check_checkpoint
+from vllm_selfspec.proposers.chimera import check_checkpoint, load_draft_vocab_ids  # noqa: F401
 
 SHIPPED = Path(__file__).resolve().parent / "trained"
 
@@ -33,11 +33,3 @@ def default_checkpoint(stamp: ModelStamp) -> Path | None:
     if cached is not None and cached.is_file():
         return cached
     return shipped_checkpoint(stamp)
-
-
-def load_draft_vocab_ids(path: str | Path, n: int) -> list[int]:
-    """The first (most frequent) ``n`` target ids of a checkpoint's draft vocabulary."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        return f.get_tensor("draft_ids")[:n].long().tolist()

@@ -26,6 +26,7 @@ from vllm_selfspec.bridge import DraftContext, draft_requests, read_feedback, ta
 from vllm_selfspec.log import log_once, logger
 from vllm_selfspec.proposers.base import DraftBatch, Proposal, Proposer
 from vllm_selfspec.proposers.cost_gate import CostGate
+from vllm_selfspec.proposers.resolved import ArtifactRefs
 from vllm_selfspec.rank_sync import NOT_READY
 
 STATS_INTERVAL_S = 30.0
@@ -124,21 +125,9 @@ class PluginDrafter:
 
         self.draft_pass = DraftPass()
         cls = proposer_class(self.method)
-        kwargs = dict(opts)
-        if "mask" in opts:
-            from vllm_selfspec.masks import mask_from_opts
-
-            kwargs["mask"] = mask_from_opts(opts["mask"])
-        if "checkpoint_path" in opts:
-            from vllm_selfspec.proposers.chimera import load_checkpoint
-
-            kwargs["model"] = load_checkpoint(opts["checkpoint_path"])
-        if opts.get("draft_vocab_path"):
-            from vllm_selfspec.checkpoints import load_draft_vocab_ids
-
-            kwargs["draft_vocab_ids"] = load_draft_vocab_ids(opts["draft_vocab_path"],
-                                                             int(opts["draft_vocab"]))
-        self.proposer: Proposer = cls(self.k, kwargs)
+        # what the start-up stage fixed (resolvers.py), read here (resolved.py)
+        self.refs = ArtifactRefs.from_json(opts["artifacts"])
+        self.proposer: Proposer = cls(self.k, opts, self.refs.load())
         fault_every = int(os.environ.get(FAULT_ENV) or 0)  # test hook, read once
         if fault_every > 0:
             logger.warning("vllm_selfspec: test hook %s=%d: every %d-th draft step raises",
@@ -184,17 +173,18 @@ class PluginDrafter:
             )
             from vllm_selfspec.proposers.skip_mask import SEARCH_REMEDY
 
-            stamp = ModelStamp.from_json(self.opts["model_stamp"])
+            stamp = self.refs.model
             self.adapter = make_adapter(target_model, stamp.architecture)
             if not stamp.fingerprint:
                 # Hub model not on disk at start-up: check a stamped mask now.
                 live = ModelStamp(stamp.architecture, stamp.num_layers, stamp.hidden_size,
                                   stamp.vocab_size,
                                   weights_fingerprint(self.adapter.named_fingerprint_tensors()))
-                meta = (self.opts.get("mask") or {}).get("metadata") or {}
-                if isinstance(meta.get("model"), dict):
-                    check_stamp("skip mask", self.opts["mask"].get("source", ""),
-                                ModelStamp.from_json(meta["model"]), live, SEARCH_REMEDY)
+                mask = self.refs.skip_mask
+                meta = dict(mask.metadata) if mask is not None else {}
+                if mask is not None and isinstance(meta.get("model"), dict):
+                    check_stamp("skip mask", mask.source, ModelStamp.from_json(meta["model"]),
+                                live, SEARCH_REMEDY)
         if self.capture is not None:
             from vllm_selfspec import patches
             from vllm_selfspec.draft_weights import LowBitDraft
@@ -223,7 +213,7 @@ class PluginDrafter:
             else:
                 self.view = HiddenStateView(runner, self.adapter)
             self.proposer.bind(self.view)
-            if self.opts.get("mask_cache") and (self.sync is None or self.sync.leader):
+            if self.refs.mask_cache and (self.sync is None or self.sync.leader):
                 self.proposer.artifact_saver = self._save_mask  # one rank writes the file
             logger.info("vllm_selfspec: %s", self.proposer.describe())
         return self.view
@@ -333,9 +323,9 @@ class PluginDrafter:
         """SWIFT found a layer set: save it for ``cache_hit`` (never fatal)."""
         from vllm_selfspec.masks import save_swift_mask
 
-        path = self.opts["mask_cache"]
+        path = self.refs.mask_cache
         try:
-            save_swift_mask(path, mask, self.opts["model_stamp"], info)
+            save_swift_mask(path, mask, self.refs.model.to_json(), info)
             logger.info("vllm_selfspec: swift saved its layer set (%s) to %s", mask.describe(), path)
         except OSError as e:
             log_once(logging.WARNING, "swift-save", "vllm_selfspec: could not save the swift "

@@ -127,9 +127,9 @@ class Method:
     # (opts, ModelInfo) -> SkipMask: picks the draft's skip mask at start-up (resolvers.py),
     # for methods that draft through the target's layers
     skip_mask: Callable[[dict[str, Any], Any], Any] | None = None
-    # (opts, ModelInfo, core keys) -> None: the method's other artifacts, found and checked
-    # at start-up (resolvers.py: bigram tables, datastores, checkpoints)
-    prepare: Callable[[dict[str, Any], Any, dict[str, Any]], None] | None = None
+    # (opts, ModelInfo, core keys) -> the ArtifactRefs fields of the method's other
+    # artifacts, found and checked at start-up (resolvers.py: tables, datastores, checkpoints)
+    prepare: Callable[[dict[str, Any], Any, dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def keys(self) -> tuple[Key, ...]:
@@ -156,7 +156,7 @@ SWIFT = Method(
     aliases=("swift_ots",),
     proposer=SwiftProposer,
     skip_mask=resolvers.resolve_swift_mask,
-    prepare=resolvers.resolve_draft_vocab,
+    prepare=resolvers.resolve_swift_artifacts,
     default_k=12,
     summary="SWIFT: the skip set is optimized on the fly from the tokens just generated "
             "(random search + interval Bayesian optimization scored by matchness), then "

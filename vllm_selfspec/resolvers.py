@@ -3,14 +3,17 @@ in the front-end process before any engine process starts.
 
 Each resolver has one shape: the user's value (a key of the method), else the one cached for
 these exact weights, else the one shipped with the plugin or built now; then the file's stamp
-is checked against the model, and what the worker loads is fixed in the method's options.
-``prepare`` runs a method's resolvers (``methods.Method.skip_mask`` and ``.prepare``); a
-refusal is one line that says what to do (``SelfSpecConfigError``).
+is checked against the model. ``prepare`` runs a method's resolvers
+(``methods.Method.skip_mask`` and ``.prepare``, which return the fields they fixed) and puts
+one ``proposers.resolved.ArtifactRefs`` in the method's options as ``artifacts``: the workers
+load it (``ArtifactRefs.load``) and hand the proposer typed ``Artifacts``. A refusal is one
+line that says what to do (``SelfSpecConfigError``).
 
 | artifact | resolver | key | cached / shipped / built |
 | --- | --- | --- | --- |
 | skip mask (selfspec) | ``resolve_skip_mask`` | ``skip_mask`` | searched mask cached for the weights, else uniform |
 | SWIFT's layer set | ``resolve_swift_mask`` | ``skip_mask``, ``cache_hit`` | the set SWIFT saved, else uniform |
+| where SWIFT saves it | ``resolve_swift_artifacts`` | ``mask_cache`` | ``artifact_path("swift", stamp)`` |
 | LayerSkip's exit | ``resolve_exit_mask`` | ``exit_layer`` | a quarter of the depth |
 | bigram table | ``resolve_bigram_table`` | ``bigram_table`` | cached, else built (builders/bigram.py) |
 | datastore | ``resolve_datastore`` | ``datastore`` | cached, else built from ShareGPT (builders/datastore.py) |
@@ -26,10 +29,10 @@ from typing import Any, Callable
 from vllm_selfspec.checkpoints import default_checkpoint
 from vllm_selfspec.errors import SelfSpecConfigError
 from vllm_selfspec.log import logger
-from vllm_selfspec.masks import mask_to_opts
 from vllm_selfspec.model_info import ModelInfo, model_info
 from vllm_selfspec.proposers.artifacts import ArtifactError, ArtifactMismatchError, artifact_path
 from vllm_selfspec.proposers.chimera import TRAIN_REMEDY, check_checkpoint
+from vllm_selfspec.proposers.resolved import ArtifactRefs
 from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, parse_mask, uniform_mask
 
 
@@ -39,17 +42,21 @@ def prepare(method: Any, opts: dict[str, Any], core: dict[str, Any],
     and other artifacts (bigram tables, datastores, checkpoints), found and checked against
     the model."""
     info = model_info(model_config)
-    opts["model_stamp"] = info.stamp.to_json()
+    refs: dict[str, Any] = {"model": info.stamp}
     try:
         if method.skip_mask is not None:
-            opts["mask"] = mask_to_opts(method.skip_mask(opts, info))
+            refs["skip_mask"] = method.skip_mask(opts, info)
             if isinstance(opts.get("skip_mask"), dict):  # keep additional_config small
                 opts["skip_mask"] = "inline"
         if method.prepare is not None:
-            method.prepare(opts, info, core)
+            refs.update(method.prepare(opts, info, core))
     except (SkipMaskError, ArtifactError, ArtifactMismatchError) as e:
         raise SelfSpecConfigError(f"vllm_selfspec: {e}") from None
+    opts["artifacts"] = ArtifactRefs(**refs).to_json()
     return opts
+
+
+Refs = dict[str, Any]  # ArtifactRefs fields a resolver fixed
 
 
 def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
@@ -81,19 +88,17 @@ def resolve_skip_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
 
 
 def resolve_swift_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
-    """SWIFT's starting layer set: the saved one (``cache_hit``), the user's
-    ``skip_mask`` (e.g. from tools/search_mask.py), else the uniform set (§4.1.1).
-    Also fixes ``opts["mask_cache"]``, where the worker saves what it finds (default:
-    ``artifact_path("swift", stamp)``, the place ``cache_hit`` reads)."""
-    path = opts.get("mask_cache") or artifact_path("swift", info.stamp)
-    opts["mask_cache"] = str(Path(path).expanduser()) if path else None
+    """SWIFT's starting layer set: the saved one (``cache_hit``, read from
+    ``swift_mask_cache``), the user's ``skip_mask`` (e.g. from tools/search_mask.py), else
+    the uniform set (§4.1.1)."""
+    path = swift_mask_cache(opts, info)
     if opts.get("cache_hit"):
-        if path is None or not Path(path).expanduser().is_file():
+        if path is None or not Path(path).is_file():
             raise SkipMaskError(
                 f"swift cache_hit: no layer set saved for this model at "
                 f"{path or '<no cache path: set mask_cache>'}; run once without cache_hit (the "
                 "set is saved when an optimization phase ends) or pass skip_mask")
-        mask = parse_mask(str(Path(path).expanduser()), info.num_layers, info.stamp)
+        mask = parse_mask(path, info.num_layers, info.stamp)
         logger.info("vllm_selfspec: swift cache_hit: starting from the saved layer set %s, "
                     "no first optimization phase", mask.describe())
         return mask
@@ -104,9 +109,22 @@ def resolve_swift_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
         return mask
     mask = uniform_mask(info.num_layers, float(opts["skip_ratio"]))
     logger.info("vllm_selfspec: swift starts optimizing from the uniform layer set (%s); the set "
-                "it finds is saved to %s", mask.describe(), opts["mask_cache"] or "nowhere "
-                "(set mask_cache)")
+                "it finds is saved to %s", mask.describe(), path or "nowhere (set mask_cache)")
     return mask
+
+
+def swift_mask_cache(opts: dict[str, Any], info: ModelInfo) -> str | None:
+    """Key ``mask_cache``: where SWIFT saves the layer set it finds and ``cache_hit`` reads
+    it (default ``artifact_path("swift", stamp)``)."""
+    path = opts.get("mask_cache") or artifact_path("swift", info.stamp)
+    return str(Path(path).expanduser()) if path else None
+
+
+def resolve_swift_artifacts(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]
+                            ) -> Refs:
+    """swift: where it saves its layer set, and the draft vocabulary."""
+    return {"mask_cache": swift_mask_cache(opts, info),
+            **resolve_draft_vocab(opts, info, core)}
 
 
 def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
@@ -137,7 +155,7 @@ def cached_or_built(what: str, find: Callable[[], Any], remedy: str) -> str:
             f"({type(e).__name__}: {first}). {remedy}") from None
 
 
-def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> Refs:
     """ngrammys: the user's table, else the cached or a new one; checked against the model
     from the file header (the worker loads the arrays). ``"none"``: no table."""
     from vllm_selfspec.builders.bigram import table_for_model
@@ -145,7 +163,7 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
 
     path = opts.get("bigram_table")
     if isinstance(path, str) and path.lower() == NO_TABLE:
-        return  # context n-grams only: no table to find, build or load
+        return {}  # context n-grams only: no table to find, build or load
     if not path:
         # e.g. a model transformers cannot load as a causal LM (remote code, vLLM-only)
         path = cached_or_built(
@@ -155,10 +173,10 @@ def resolve_bigram_table(opts: dict[str, Any], info: Any, core: dict[str, Any]) 
     meta = BigramTable.check_file(path, info.stamp)
     logger.info("vllm_selfspec: bigram table %s (top-%s, width %s, %s extension)", path,
                 meta.get("top_k", "?"), meta.get("width", "?"), meta.get("extension", "?"))
-    opts["table_path"] = str(path)
+    return {"bigram_table": str(path)}
 
 
-def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> Refs:
     """Key ``datastore``: "none", "sharegpt" (the cached one, else built now) or a file,
     checked against the model from the file header (the worker loads and indexes it)."""
     from vllm_selfspec.proposers.datastore import Datastore
@@ -166,7 +184,7 @@ def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> 
 
     store = str(opts.get("datastore") or NO_DATASTORE)
     if store.lower() == NO_DATASTORE:
-        return
+        return {}
     if store.lower() == SHAREGPT:
         from vllm_selfspec.builders.datastore import datastore_for_model
 
@@ -179,26 +197,25 @@ def resolve_datastore(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> 
     meta = Datastore.check_file(path, info.stamp)
     logger.info("vllm_selfspec: datastore %s (%s tokens of %s)", path, meta.get("tokens", "?"),
                 meta.get("source", "?"))
-    opts["datastore_path"] = str(path)
+    return {"datastore": str(path)}
 
 
-def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> None:
+def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, Any]) -> Refs:
     """ngrammys, ngrammys-history: the bigram table, then the datastore."""
-    resolve_bigram_table(opts, info, core)
-    resolve_datastore(opts, info, core)
+    return {**resolve_bigram_table(opts, info, core), **resolve_datastore(opts, info, core)}
 
 
 def resolve_ngrammys_selfspec_artifacts(opts: dict[str, Any], info: Any,
-                                        core: dict[str, Any]) -> None:
+                                        core: dict[str, Any]) -> Refs:
     """ngrammys-selfspec: the datastore (no bigram table: the self-draft takes its place)
     and, with key draft_vocab, the draft vocabulary."""
-    resolve_datastore(opts, info, core)
-    resolve_draft_vocab(opts, info, core)
+    return {**resolve_datastore(opts, info, core), **resolve_draft_vocab(opts, info, core)}
 
 
-def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> None:
-    """Fix ``opts["checkpoint_path"]`` and, unless the user set it, the number of draft
-    tokens (the checkpoint's decoding heads)."""
+def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> Refs:
+    """Key ``checkpoint``: the user's file, else the one cached or shipped for these
+    weights; unless the user set it, the number of draft tokens is the checkpoint's
+    decoding heads."""
     path = opts.get("checkpoint")
     if path is None:
         found = default_checkpoint(info.stamp)
@@ -221,20 +238,20 @@ def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, An
         raise SelfSpecConfigError(
             f"vllm_selfspec: num_speculative_tokens={k} exceeds the {heads} decoding heads of "
             f"the Chimera checkpoint {path}; use at most {heads} (or leave it unset)")
-    opts["checkpoint_path"] = path
     logger.info("vllm_selfspec: chimera %s %s: %d heads (%s), draft vocabulary %s, trained on %s "
                 "answer tokens", how, path, heads, cfg.get("head_kind", "?"),
                 cfg.get("draft_vocab_size", "?"), training.get("answer_tokens", "?"))
+    return {"checkpoint": path}
 
 
-def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> None:
+def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> Refs:
     """Key ``draft_vocab`` = N > 0 of the layer-skip methods: the N most frequent tokens of
     the model's own answers, read from the draft vocabulary (most frequent first) of the
-    Chimera checkpoint cached or shipped for these exact weights. Fixes
-    ``opts["draft_vocab_path"]``; the worker reads the ids (``drafter.PluginDrafter``)."""
+    Chimera checkpoint cached or shipped for these exact weights (the worker reads the
+    ids, ``ArtifactRefs.load``)."""
     n = int(opts.get("draft_vocab") or 0)
     if n <= 0:
-        return
+        return {}
     found = default_checkpoint(info.stamp)
     if found is None:
         cache = artifact_path("chimera", info.stamp)
@@ -248,5 +265,5 @@ def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, A
     if n > size:
         raise ArtifactError(f"draft_vocab={n}: the draft vocabulary of {found} has {size} "
                             f"tokens; use at most {size} (or 0: the full vocabulary)")
-    opts["draft_vocab_path"] = str(found)
     logger.info("vllm_selfspec: draft vocabulary: the %d most frequent tokens of %s", n, found)
+    return {"draft_vocab": str(found), "draft_vocab_size": n}

@@ -146,14 +146,19 @@ def test_preemption_keeps_output_exact(model_path, eval_prompts):
     assert st["store_resets"] > 0  # preempted requests were recomputed
 
 
-def test_ngrammys_chimera_defaults_identical(model_path, eval_prompts, reference):
+def test_ngrammys_chimera_defaults_identical(model_path, eval_prompts, reference,
+                                             sampled_reference):
     """`ngrammys-chimera` with its defaults (context n-grams, earlier requests, the shipped
     Chimera heads where neither matches, the cost gate per source): identical to plain
-    decoding, and the gate prices Chimera's draft tokens by their own time."""
+    decoding, and the gate prices Chimera's draft tokens by their own time. With the gate
+    off (drafts every step, both sources), sampled continuations follow plain decoding's
+    distribution."""
     llm = make_llm(model_path, speculative_config={"method": "ngrammys-chimera"})
     try:
         outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         st = llm.collective_rpc(control.drafter_stats)[0]
+        llm.collective_rpc(control.set_cost_gate, args=(False,))
+        check_sampling_distribution(llm, sampled_reference)
     finally:
         shutdown(llm)
     assert token_ids(outs) == reference

@@ -14,6 +14,7 @@ from tests.engine.helpers import (
     MAX_TOKENS,
     SAMPLING_CASES,
     check_request_control,
+    check_sampling_distribution,
     make_llm,
     sampled_acceptance,
     shutdown,
@@ -26,10 +27,15 @@ pytestmark = pytest.mark.engine
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 
 
-def test_greedy_identical_with_the_default_exit(model_path, eval_prompts, reference):
+def test_greedy_identical_with_the_default_exit(model_path, eval_prompts, reference,
+                                                sampled_reference):
+    """The default exit (a quarter of the depth, low-bit weights): greedy output identical,
+    and sampled continuations follow plain decoding's distribution with the exit's q handed
+    to the rejection sampler (helpers.check_sampling_distribution)."""
     llm = make_llm(model_path, speculative_config={"method": "layerskip", "cost_gate": False})
     try:
         outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        check_sampling_distribution(llm, sampled_reference)
     finally:
         shutdown(llm)
     for i, (a, b) in enumerate(zip(token_ids(outs), reference)):

@@ -25,6 +25,7 @@ from tests.engine.helpers import (
     token_ids,
 )
 from vllm_selfspec.offline.spec_metrics import acceptance
+from vllm_selfspec.proposers.resolved import Artifacts
 
 pytestmark = pytest.mark.engine
 
@@ -93,7 +94,7 @@ def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, p
     # the first draft of a request depends only on prompt + first token
     stamp = stamp_from_path(model_path)
     table = BigramTable.load(artifact_path("bigram", stamp), expect=stamp)
-    prop = NGrammysProposer(8, {"table": table, "keep_rows": False})
+    prop = NGrammysProposer(8, {"keep_rows": False}, Artifacts(bigram_table=table))
 
     def hit_rate(samples):
         hits = 0
@@ -110,15 +111,18 @@ def test_sampling_keeps_target_distribution(engine, model_path, sample_prompt, p
     assert abs(z) < 4, (p_plain, p_spec, z)
 
 
-def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, plain):
+def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, plain,
+                                                     sampled_reference):
     """``ngrammys-history`` (``history_tokens`` on by default): the second pass over the same
     prompts drafts the first pass's answers (from the finished requests' buffer); output
-    stays plain decoding's."""
+    stays plain decoding's. Sampled continuations (drafts from the context, earlier requests
+    and the datastore) follow plain decoding's distribution."""
     llm = make_llm(model_path, speculative_config={
         "method": "ngrammys-history", "cost_gate": False, "bigram_table": "none"})
     try:
         first = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         second = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        check_sampling_distribution(llm, sampled_reference)
     finally:
         shutdown(llm)
     for outs in (first, second):

@@ -18,6 +18,7 @@ from vllm_selfspec.proposers.chimera import (
 )
 from vllm_selfspec.proposers.chimera_drafting import ChimeraProposer
 from vllm_selfspec.proposers.draft_vocab import DraftVocab
+from vllm_selfspec.proposers.resolved import Artifacts
 
 V, H = 97, 32
 STAMP = ModelStamp("LlamaForCausalLM", 4, H, V, "abc")
@@ -47,7 +48,7 @@ class FakeTarget:
 
 
 def proposer(model: ChimeraDraftModel, k: int = 3, **opts) -> ChimeraProposer:
-    p = ChimeraProposer(k, {"model": model, **opts})
+    p = ChimeraProposer(k, opts, Artifacts(checkpoint=model))
     p.bind(FakeTarget())
     return p
 
@@ -220,7 +221,8 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraProposer
 
     m = tiny()
-    p = NGrammysChimeraProposer(6, {"model": m, "query_length": 2, "min_query_length": 2})
+    p = NGrammysChimeraProposer(6, {"query_length": 2, "min_query_length": 2},
+                                Artifacts(checkpoint=m))
     p.bind(FakeTarget())
     hidden = torch.randn(40, H)
     rep = [5, 6, 7, 8, 9, 10, 11, 5, 6]  # "5 6" occurred before: its continuation is 7 8 9 ...

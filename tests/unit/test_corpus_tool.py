@@ -103,7 +103,18 @@ def test_chimera_trains_from_the_corpus(tiny_corpus, small_vocab_model_path, tmp
         "--model", small_vocab_model_path, "--tokens", "200", "--out",
         str(tmp_path / "c.safetensors"), "--corpus", str(folder), "--heads", "2",
         "--draft-vocab", "256", "--epochs", "1", "--held-out", "4", "--held-out-tokens", "40",
-        "--max-response-tokens", "24", "--batch-tokens", "1024", "--max-seq", "256"])
+        "--max-response-tokens", "24", "--batch-tokens", "1024", "--max-seq", "256",
+        "--scaling-points", "50,100"])
     assert (folder / corpus.TRAIN_FILE).stat().st_mtime == mtime  # nothing generated
     assert 200 <= report["training"]["answer_tokens"] < 300
     assert report["training"]["labels"] == "self"
+    # the scaling curve: one measured point (and a loadable snapshot) per token count
+    scaling = report["training"]["scaling"]
+    assert [p["tokens"] for p in scaling] == [50, 100]
+    assert all(len(p["top1"]) == 2 and p["tokens_per_step"] >= 1.0 for p in scaling)
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.chimera import check_checkpoint
+
+    meta = check_checkpoint(scaling[0]["checkpoint"], stamp_from_path(small_vocab_model_path))
+    assert meta["training"]["answer_tokens"] == 50
+    assert (tmp_path / "c.safetensors.work" / "c.scaling.png").exists()

@@ -10,6 +10,7 @@ from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.datastore import Datastore, DatastoreError
 from vllm_selfspec.proposers.ngrammys import NGrammysProposer
 from vllm_selfspec.proposers.past_requests import SEPARATOR
+from vllm_selfspec.proposers.resolved import Artifacts
 
 STAMP = ModelStamp("LlamaForCausalLM", 30, 576, 49152, "0123456789abcdef")
 S = SEPARATOR
@@ -70,7 +71,8 @@ def _draft(p: NGrammysProposer, tokens: list[int]) -> tuple[list[int], str]:
 
 def test_ngrammys_drafts_from_the_datastore_only_where_the_context_has_no_match():
     store = Datastore(CORPUS, max_query=4, min_query=2)
-    p = NGrammysProposer(4, {"bigram_table": "none", "datastore_obj": store, "min_query_length": 2})
+    p = NGrammysProposer(4, {"bigram_table": "none", "min_query_length": 2},
+                         Artifacts(datastore=store))
     assert _draft(p, [11, 12, 2, 3, 4]) == ([6, 7], "datastore")
     assert p.stats["from_datastore"] == 1
     # "3 4" occurred in the request itself: its own context comes first
@@ -97,8 +99,7 @@ def test_ngrammys_history_defaults_to_sharegpt_and_none_turns_it_off(monkeypatch
 
     monkeypatch.setattr(db, "datastore_for_model", no_build)
     opts = {"bigram_table": "none", "datastore": "none"}
-    resolve_ngrammys_artifacts(opts, SimpleNamespace(path="/nowhere", stamp=None), {})
-    assert "datastore_path" not in opts
+    assert resolve_ngrammys_artifacts(opts, SimpleNamespace(path="/nowhere", stamp=None), {}) == {}
 
 
 def test_a_datastore_that_cannot_be_built_is_refused_in_one_line(monkeypatch):

@@ -4,6 +4,7 @@ import torch
 
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
+from vllm_selfspec.proposers.resolved import Artifacts
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 V = 16
@@ -33,7 +34,7 @@ class FakeTarget:
 
 
 def make(k=4, **opts):
-    p = SelfSpecProposer(k, {"mask": SkipMask(frozenset({1}), frozenset()), **opts})
+    p = SelfSpecProposer(k, opts, Artifacts(skip_mask=SkipMask(frozenset({1}), frozenset())))
     t = FakeTarget()
     p.bind(t)
     return p, t

@@ -13,6 +13,7 @@ from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
 from vllm_selfspec.proposers.draft_vocab import DraftVocab
 from vllm_selfspec.proposers.layerskip import EarlyExitProposer
+from vllm_selfspec.proposers.resolved import ArtifactRefs, Artifacts
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
 from vllm_selfspec.resolvers import resolve_draft_vocab
@@ -42,11 +43,9 @@ class HeadTarget:
 
 
 def make(vocab_ids=None, k=6, cls=SelfSpecProposer, **opts):
-    opts = {"mask": SkipMask(frozenset({1}), frozenset()), "draft_exit_threshold": 0.0,
-            "adaptive_threshold": False, **opts}
-    if vocab_ids is not None:
-        opts["draft_vocab_ids"] = vocab_ids
-    p = cls(k, opts)
+    opts = {"draft_exit_threshold": 0.0, "adaptive_threshold": False, **opts}
+    p = cls(k, opts, Artifacts(skip_mask=SkipMask(frozenset({1}), frozenset()),
+                               draft_vocab=None if vocab_ids is None else tuple(vocab_ids)))
     t = HeadTarget()
     p.bind(t)
     return p, t
@@ -142,9 +141,9 @@ def test_the_shipped_checkpoint_gives_the_embedded_model_its_most_frequent_token
 
     with safe_open(str(ckpt), "pt") as f:
         stamp = ModelStamp.from_json(json.loads(f.metadata()["stamp"]))
-    opts = {"draft_vocab": 4096}
-    resolve_draft_vocab(opts, ModelInfo(stamp, "m"), {})
-    assert opts["draft_vocab_path"] == str(ckpt)
+    refs = resolve_draft_vocab({"draft_vocab": 4096}, ModelInfo(stamp, "m"), {})
+    assert refs == {"draft_vocab": str(ckpt), "draft_vocab_size": 4096}
+    assert ArtifactRefs(stamp, **refs).load().draft_vocab[:4] == (198, 30, 253, 28)
     ids = load_draft_vocab_ids(ckpt, 4096)
     assert len(ids) == len(set(ids)) == 4096 and ids[:4] == [198, 30, 253, 28]
     with pytest.raises(ArtifactError, match="at most 8192"):
@@ -172,7 +171,7 @@ def test_the_vocabulary_can_be_narrowed_or_switched_off_in_a_running_engine():
 
 
 def test_the_size_asked_for_before_bind_applies_at_bind():
-    p = SelfSpecProposer(2, {"mask": SkipMask(), "draft_vocab_ids": [9, 3, 4]})
+    p = SelfSpecProposer(2, {}, Artifacts(skip_mask=SkipMask(), draft_vocab=(9, 3, 4)))
     p.use_draft_vocab(0)  # an engine binds at its first draft step
     p.bind(HeadTarget())
     assert p.vocab is None

@@ -130,8 +130,8 @@ from vllm_selfspec.model_info import stamp_from_path
 plugin.register()
 path = assets.resolve_model("smollm2-135m")
 opts = {"datastore": "sharegpt"}
-resolvers.resolve_ngrammys_artifacts(opts, SimpleNamespace(path=path, stamp=stamp_from_path(path)), {})
-assert opts["table_path"] and opts["datastore_path"], opts
+refs = resolvers.resolve_ngrammys_artifacts(opts, SimpleNamespace(path=path, stamp=stamp_from_path(path)), {})
+assert refs["bigram_table"] and refs["datastore"], refs
 print(json.dumps({"offline": sorted(m for m in sys.modules
                                     if m.startswith("vllm_selfspec.offline"))}))
 """

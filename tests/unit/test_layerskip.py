@@ -8,6 +8,7 @@ from vllm_selfspec.proposers.layerskip import (
     default_exit_layer,
     early_exit_mask,
 )
+from vllm_selfspec.proposers.resolved import Artifacts
 from vllm_selfspec.proposers.skip_mask import SkipMaskError
 
 
@@ -29,10 +30,10 @@ def test_default_exit_layer_is_a_quarter_of_the_depth():
 
 
 def test_fixed_number_of_speculations_unless_a_stop_threshold_is_given():
-    p = EarlyExitProposer(6, {"mask": early_exit_mask(2, 4)})
+    p = EarlyExitProposer(6, {}, Artifacts(skip_mask=early_exit_mask(2, 4)))
     assert p.exit.threshold == 0.0 and not p.exit.cfg.adaptive
     p.exit.observe(6, 0)  # no adaptive update: LayerSkip's d is fixed
     assert p.exit.threshold == 0.0 and p.exit_layer == 2
     assert "no confidence stop" in p.describe()
-    q = EarlyExitProposer(6, {"mask": early_exit_mask(2, 4), "stop_threshold": 0.5})
+    q = EarlyExitProposer(6, {"stop_threshold": 0.5}, Artifacts(skip_mask=early_exit_mask(2, 4)))
     assert q.exit.threshold == 0.5 and "0.50" in q.describe()

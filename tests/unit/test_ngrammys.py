@@ -16,6 +16,7 @@ from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.ngram_tables import BigramTable, BigramTableError, repeated_extension
 from vllm_selfspec.proposers.ngrammys import NGrammysProposer, context_rows, mixed_rows
+from vllm_selfspec.proposers.resolved import Artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,14 +67,14 @@ def _propose(p: NGrammysProposer, hist: list[int], rid: str = "a", max_len: int 
 
 def test_kept_rows_continue_after_matching_tokens():
     t = toy_table()
-    p = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "bigram_width": 3,
-                             "keep_rows": True})
+    p = NGrammysProposer(3, {"num_rows": 3, "query_length": 1, "bigram_width": 3,
+                             "keep_rows": True}, Artifacts(bigram_table=t))
     hist = [3, 1, 2, 9, 3]  # rows: context (1,2,9), bigram (4,5,6), (5,6,7)
     assert _propose(p, hist) == [1, 2, 9]
     # the target emitted 4, 5 (the second row's prefix): its rest comes first
     assert _propose(p, hist + [4, 5]) == [6]
-    q = NGrammysProposer(3, {"table": t, "num_rows": 3, "query_length": 1, "bigram_width": 3,
-                             "keep_rows": False})
+    q = NGrammysProposer(3, {"num_rows": 3, "query_length": 1, "bigram_width": 3,
+                             "keep_rows": False}, Artifacts(bigram_table=t))
     _propose(q, hist)
     assert _propose(q, hist + [4, 5]) == [6, 7, 8]  # plain bigram rows after 5
     p.finish({"a"})
@@ -82,8 +83,9 @@ def test_kept_rows_continue_after_matching_tokens():
 
 def test_likelihood_selection_prefers_probable_rows():
     t = toy_table()
-    p = NGrammysProposer(2, {"table": t, "num_rows": 3, "query_length": 1,
-                             "selection": "likelihood", "keep_rows": False})
+    p = NGrammysProposer(2, {"num_rows": 3, "query_length": 1,
+                             "selection": "likelihood", "keep_rows": False},
+                         Artifacts(bigram_table=t))
     # context row (1, 2) after 3 is not in the bigram rows of 3 (prob 0) -> bigram row wins
     assert _propose(p, [3, 1, 2, 3]) == [4, 5]
 
@@ -92,7 +94,7 @@ def test_drafts_are_labelled_and_capped_by_evidence_class():
     """Each draft says what it came from, for the cost gate's per-class acceptance; the
     gate's limit for that class caps it (0: no draft)."""
     t = toy_table()
-    p = NGrammysProposer(3, {"table": t, "query_length": 2})
+    p = NGrammysProposer(3, {"query_length": 2}, Artifacts(bigram_table=t))
     hist = [3, 1, 2, 9, 3, 1, 2, 9, 3, 1]  # (3, 1) seen twice, followed by (2, 9, 3) twice
     req = DraftRequest(row=0, req_id="a", position=len(hist) - 1, token=1, max_len=3)
     batch = DraftBatch(["a"], [req], np.asarray([hist]), np.asarray([len(hist)]))
@@ -110,7 +112,8 @@ def test_drafts_are_labelled_and_capped_by_evidence_class():
 
 
 def test_draft_respects_max_len():
-    p = NGrammysProposer(3, {"table": toy_table(), "num_rows": 2, "query_length": 1})
+    p = NGrammysProposer(3, {"num_rows": 2, "query_length": 1},
+                         Artifacts(bigram_table=toy_table()))
     assert _propose(p, [1, 2], max_len=1) == [3]
 
 
@@ -202,8 +205,7 @@ def test_bigram_table_none_drafts_from_the_context_only(monkeypatch):
 
     monkeypatch.setattr(bb, "table_for_model", no_build)
     opts = {"bigram_table": "none"}
-    resolve_bigram_table(opts, SimpleNamespace(path="/nowhere", stamp=None), {})
-    assert "table_path" not in opts
+    assert resolve_bigram_table(opts, SimpleNamespace(path="/nowhere", stamp=None), {}) == {}
     p = NGrammysProposer(3, opts)
     assert p.table is None
     toks = np.array([[5, 6, 7, 8, 5, 6, 0, 0]])

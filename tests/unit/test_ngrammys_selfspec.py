@@ -7,12 +7,13 @@ from tests.unit.test_draft_verify import FakeTarget, V
 from vllm_selfspec import methods
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.ngrammys_selfspec import SELF_DRAFT, NGrammysSelfSpecProposer
+from vllm_selfspec.proposers.resolved import Artifacts
 from vllm_selfspec.proposers.skip_mask import SkipMask
 
 
 def make(k=4, **opts):
-    p = NGrammysSelfSpecProposer(k, {"mask": SkipMask(), "history_tokens": 0,
-                                     "query_length": 2, "min_query_length": 2, **opts})
+    p = NGrammysSelfSpecProposer(k, {"history_tokens": 0, "query_length": 2,
+                                     "min_query_length": 2, **opts}, Artifacts(skip_mask=SkipMask()))
     t = FakeTarget()
     p.bind(t)
     return p, t

@@ -23,6 +23,7 @@ from vllm_selfspec.bridge import DraftContext
 from vllm_selfspec.drafter import PluginDrafter
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.draft_verify import SelfSpecProposer
+from vllm_selfspec.proposers.resolved import Artifacts
 from vllm_selfspec.proposers.skip_mask import SkipMask
 from vllm_selfspec.proposers.swift import SwiftProposer
 from vllm_selfspec.rank_sync import NOT_READY, RankSync, for_engine
@@ -163,8 +164,8 @@ def test_no_sync_at_tp_1():
 
 # ---- selfspec / layerskip drafting loop ----------------------------------------------------
 def _draft(group: FakeGroup, synced: bool, sampled: bool = False):
-    p = SelfSpecProposer(6, {"mask": SkipMask(frozenset({1}), frozenset()),
-                             "draft_exit_threshold": 0.5, "adaptive_threshold": False})
+    p = SelfSpecProposer(6, {"draft_exit_threshold": 0.5, "adaptive_threshold": False},
+                         Artifacts(skip_mask=SkipMask(frozenset({1}), frozenset())))
     # rank 0's top-1 probability at position 12 is just above 0.5, rank 1's just below
     t = TPTarget(group, near={12}, wobble=1e-3 if group.rank == 0 else -1e-3)
     p.bind(t)
@@ -262,7 +263,7 @@ def _drafter(group: FakeGroup, gate_limit: int, fail_setup: bool = False) -> Plu
     d.publisher = None
     d.draft_pass = DraftPass()
     d._last_stats = time.monotonic()
-    d.proposer = SelfSpecProposer(4, {"mask": SkipMask(frozenset({1}), frozenset())})
+    d.proposer = SelfSpecProposer(4, {}, Artifacts(skip_mask=SkipMask(frozenset({1}), frozenset())))
     d.view = TPTarget(group)
     d.proposer.bind(d.view)
     d.gate = Gate(gate_limit)

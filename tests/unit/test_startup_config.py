@@ -11,6 +11,7 @@ import pytest
 
 from vllm_selfspec.methods import DRAFTER_CLASS, PLUGIN_KEY, SelfSpecConfigError
 from vllm_selfspec.proposers.artifacts import ModelStamp
+from vllm_selfspec.proposers.resolved import ArtifactRefs
 
 
 def _config(model_path, spec, cls=None, **kw):
@@ -30,8 +31,10 @@ def test_llm_style_engine_args(model_path):
     opts = cfg.additional_config[PLUGIN_KEY]
     assert opts["method"] == "selfspec" and opts["draft_exit_threshold"] == 0.5
     assert opts["writes_target_kv"] and cfg.num_lookahead_tokens == 12  # P2
-    assert opts["mask"]["source"].startswith("uniform")
-    assert opts["model_stamp"]["num_layers"] == 30 and opts["model_stamp"]["fingerprint"]
+    refs = ArtifactRefs.from_json(opts["artifacts"])  # what the workers load
+    assert refs.skip_mask.source.startswith("uniform")
+    assert refs.model.num_layers == 30 and refs.model.fingerprint
+    assert refs.bigram_table is refs.datastore is refs.checkpoint is refs.draft_vocab is None
 
 
 def test_a_cached_mask_is_used_only_for_the_draft_weights_it_was_searched_for(
@@ -50,9 +53,9 @@ def test_a_cached_mask_is_used_only_for_the_draft_weights_it_was_searched_for(
     dest.write_text(json.dumps({"attention": [3], "mlp": [5], "metadata": {
         "model": stamp.to_json(), "draft_weights": "full"}}))
     full = _config(model_path, {"method": "selfspec", "draft_weights": "full"})
-    assert full.additional_config[PLUGIN_KEY]["mask"]["attention"] == [3]
+    assert full.additional_config[PLUGIN_KEY]["artifacts"]["skip_mask"]["attention"] == [3]
     low = _config(model_path, {"method": "selfspec", "draft_weights": "w8a8"})
-    mask = low.additional_config[PLUGIN_KEY]["mask"]
+    mask = low.additional_config[PLUGIN_KEY]["artifacts"]["skip_mask"]
     assert mask["source"].startswith("uniform") and mask["attention"] == []
 
 
@@ -68,7 +71,7 @@ def test_async_engine_args_and_cli_flag(model_path):
                             "--kv-cache-memory-bytes", str(1 << 28), "--speculative-config",
                             json.dumps({"method": "selfspec", "skip_mask": {"attention": [3]}})])
     cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
-    assert cfg.additional_config[PLUGIN_KEY]["mask"]["attention"] == [3]
+    assert cfg.additional_config[PLUGIN_KEY]["artifacts"]["skip_mask"]["attention"] == [3]
 
 
 def test_other_methods_untouched(model_path):
@@ -135,7 +138,8 @@ def test_ngrammys_config_finds_or_builds_table(model_path):
     sc = cfg.speculative_config
     assert sc.model == DRAFTER_CLASS and sc.num_speculative_tokens >= 1
     opts = cfg.additional_config[PLUGIN_KEY]
-    assert opts["method"] == "ngrammys" and opts["table_path"].endswith(".safetensors")
+    assert opts["method"] == "ngrammys"
+    assert opts["artifacts"]["bigram_table"].endswith(".safetensors")
     assert not opts["writes_target_kv"] and cfg.num_lookahead_tokens == 0
 
 
@@ -193,10 +197,11 @@ def test_layerskip_exit_layer_default_and_mask(model_path):
     assert cfg.speculative_config.num_speculative_tokens == 6
     opts = cfg.additional_config[PLUGIN_KEY]
     assert opts["method"] == "layerskip" and opts["exit_layer"] == 8
-    assert opts["mask"]["attention"] == list(range(8, 30)) == opts["mask"]["mlp"]
+    mask = opts["artifacts"]["skip_mask"]
+    assert mask["attention"] == list(range(8, 30)) == mask["mlp"]
     assert opts["writes_target_kv"] and cfg.num_lookahead_tokens == 6
     full = _config(model_path, {"method": "early_exit", "exit_layer": 30})
-    assert full.additional_config[PLUGIN_KEY]["mask"]["attention"] == []
+    assert full.additional_config[PLUGIN_KEY]["artifacts"]["skip_mask"]["attention"] == []
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -242,7 +247,7 @@ def test_chimera_takes_its_draft_length_from_the_checkpoint(model_path, chimera_
     cfg = _config(model_path, {"method": "chimera", "checkpoint": str(ours)})
     assert cfg.speculative_config.num_speculative_tokens == 3  # the checkpoint's heads
     opts = cfg.additional_config[PLUGIN_KEY]
-    assert opts["checkpoint_path"] == str(ours) and not opts["writes_target_kv"]
+    assert opts["artifacts"]["checkpoint"] == str(ours) and not opts["writes_target_kv"]
     assert cfg.num_lookahead_tokens == 0  # drafts write no KV
     cfg = _config(model_path, {"method": "chimera", "checkpoint": str(ours),
                                "num_speculative_tokens": 2})

@@ -15,7 +15,7 @@ from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, Verification
 from vllm_selfspec.proposers.layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from vllm_selfspec.proposers.skip_mask import SkipMask, SkipMaskError, uniform_mask
 from vllm_selfspec.proposers.swift import ACCELERATE, OPTIMIZE, SwiftProposer
-from vllm_selfspec.resolvers import resolve_swift_mask
+from vllm_selfspec.resolvers import resolve_swift_artifacts, resolve_swift_mask
 
 V = 16
 L = 8
@@ -282,7 +282,8 @@ def test_saved_layer_set_round_trip(tmp_path):
         resolve_swift_mask(dict(opts), other)
     # without cache_hit: the uniform start, and mask_cache is where the worker saves
     o = dict(opts, cache_hit=False)
-    assert resolve_swift_mask(o, info) == uniform_mask(L, 0.45) and o["mask_cache"] == str(path)
+    assert resolve_swift_mask(o, info) == uniform_mask(L, 0.45)
+    assert resolve_swift_artifacts(o, info, {})["mask_cache"] == str(path)
 
 
 # ---- the scoring forward's per-token masks ---------------------------------------------------

@@ -42,6 +42,7 @@ from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.datastore import Datastore
 from vllm_selfspec.proposers.ngram_tables import BigramTable
 from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows, mixed_rows_labelled
+from vllm_selfspec.proposers.resolved import Artifacts
 
 Rows = Callable[[np.ndarray], list[list[int]]]
 
@@ -155,10 +156,9 @@ def realizations(data: list[tuple[list[int], list[int]]], table: BigramTable,
     rows = []
     for cfg in progress(grid):
         w = cfg["w"]
-        opts = {"table": table, "num_rows": cfg["k"], "query_length": cfg["q"],
-                "bigram_width": cfg["bw"],
+        opts = {"num_rows": cfg["k"], "query_length": cfg["q"], "bigram_width": cfg["bw"],
                 "selection": cfg["selection"], "keep_rows": cfg["keep_rows"]}
-        prop = NGrammysProposer(w, opts)
+        prop = NGrammysProposer(w, opts, Artifacts(bigram_table=table))
         a = summarize([replay_proposer(p, c, prop) for p, c in data], vpt)
 
         def rows_fn(h: np.ndarray, cfg: dict[str, Any] = cfg) -> list[list[int]]:
@@ -210,8 +210,9 @@ class RecyclingProposer(NGrammysProposer):
     """``ngrammys`` with ``RecycledSuccessors`` in the bigram table's place; it learns
     from each request's output tokens as they are verified."""
 
-    def __init__(self, num_speculative_tokens: int, options: dict[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: dict[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         assert self.table is not None
         self.table = self.recycled = RecycledSuccessors(self.table)  # type: ignore[assignment]
         self.learnt: dict[str, int] = {}
@@ -255,10 +256,9 @@ def sources(data: list[tuple[list[int], list[int]]], table: BigramTable, width: 
     out = []
     for name, (bigram, history, recycled, ds) in combos.items():
         make = RecyclingProposer if recycled else NGrammysProposer
-        prop = make(width, {"table": table if bigram else None,
-                            "bigram_table": None if bigram else "none",
-                            "history_tokens": history_tokens if history else 0,
-                            "datastore_obj": ds})
+        prop = make(width, {"bigram_table": None if bigram else "none",
+                            "history_tokens": history_tokens if history else 0},
+                    Artifacts(bigram_table=table if bigram else None, datastore=ds))
         out.append({"sources": name, "chain": summarize(
             [replay_proposer(p, c, prop) for p, c in data], vpt)})
     return out
@@ -362,7 +362,8 @@ def agreement(dev: list[tuple[list[int], list[int]]], test: list[tuple[list[int]
     tokens = sum(len(c) for _, c in test)
     for name, hist in (("ngrammys", 0), ("ngrammys + history", history_tokens)):
         def proposer(hist: int = hist) -> NGrammysProposer:
-            return NGrammysProposer(width, {"table": table, "history_tokens": hist})
+            return NGrammysProposer(width, {"history_tokens": hist},
+                                    Artifacts(bigram_table=table))
 
         for classes, label in (("evidence classes", None),
                                ("classes x bigram agreement", bigram_agreement(table))):
@@ -390,7 +391,8 @@ def draft_length(data: list[tuple[list[int], list[int]]], table: BigramTable, wi
     out = []
     for name, hist in (("ngrammys", 0), ("ngrammys + history", history_tokens)):
         def proposer(hist: int = hist) -> NGrammysProposer:
-            return NGrammysProposer(width, {"table": table, "history_tokens": hist})
+            return NGrammysProposer(width, {"history_tokens": hist},
+                                    Artifacts(bigram_table=table))
 
         steps = chain_steps(data, proposer())
         tokens = sum(len(c) for _, c in data)
@@ -452,7 +454,8 @@ def row_choice(data: list[tuple[list[int], list[int]]], table: BigramTable, widt
     the target's continuation longest."""
     out = []
     for name, rule in ROW_CHOICES.items():
-        prop = NGrammysProposer(width, {"table": table, "history_tokens": history_tokens})
+        prop = NGrammysProposer(width, {"history_tokens": history_tokens},
+                                Artifacts(bigram_table=table))
         runs = []
         for i, (prompt, cont) in enumerate(data):
             def rows_fn(h: np.ndarray, rid: str = f"r{i}", cont: list[int] = cont,

@@ -79,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     p.add_argument("--resume", action="store_true", help="continue from the trainer state")
     p.add_argument("--save-minutes", type=float, default=5.0)
+    p.add_argument("--scaling-points", default="",
+                   help="answer tokens trained (e.g. 200000,500000,1000000) at which the held-out "
+                        "top-1 per head and expected tokens per step are measured and a "
+                        "checkpoint of that moment is saved (OUT-N.safetensors in the work "
+                        "folder): the scaling curve of one run")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -200,6 +205,50 @@ def evaluate(model: Any, data: Sequences, batch_tokens: int, max_seq: int, devic
                       for c, n in zip(correct, counted)],
             "cross_entropy": [round(c / max(1, n), 4) for c, n in zip(ce, counted)],
             "positions": counted}
+
+
+def scaling_point(model: Any, heldout: Sequences, args: argparse.Namespace, device: Any,
+                  tokens: int, path: Path, stamp: Any) -> dict[str, Any]:
+    """Held-out Table 5 and the teacher-forced chains' expected tokens per target step
+    (``chimera_eval``) after ``tokens`` answer tokens of training, and a checkpoint of it."""
+    from vllm_selfspec.offline.chimera_eval import chain_stats, expected
+    from vllm_selfspec.proposers.chimera import save_checkpoint
+
+    table5 = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
+    correct, conf = chain_stats(model, heldout, args.batch_tokens, args.max_seq, device)
+    heads = model.cfg.num_heads
+    chain = expected(correct, conf, 0.0, heads, 0.0, 0.0)["tokens_per_step"]
+    save_checkpoint(path, model, stamp, {
+        "command": "python tools/train_chimera.py " + shlex.join(sys.argv[1:]),
+        "snapshot": f"{args.out} after {tokens} answer tokens of its run",
+        "labels": args.labels, "answer_tokens": tokens, "lr": args.lr,
+        "batch_tokens": args.batch_tokens, "device": str(device), "heldout": table5,
+        "date": time.strftime("%Y-%m-%d")})
+    top1 = [row[0] for row in table5["top_k"]]
+    return {"tokens": tokens, "top1": top1, "tokens_per_step": chain,
+            "checkpoint": str(path), "summary": f"top-1 per head {top1}, expected tokens per "
+                                                f"step with {heads} heads {chain}"}
+
+
+def plot_scaling(points: list[dict[str, Any]], path: Path) -> None:
+    """Held-out top-1 per head and expected tokens per step against answer tokens trained."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [p["tokens"] for p in points]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for h in range(len(points[0]["top1"])):
+        a.plot(x, [p["top1"][h] for p in points], marker="o", label=f"head {h}")
+    a.set(xscale="log", xlabel="answer tokens trained", ylabel="held-out top-1")
+    a.legend()
+    b.plot(x, [p["tokens_per_step"] for p in points], marker="o")
+    b.set(xscale="log", xlabel="answer tokens trained",
+          ylabel="expected tokens per target step (all heads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_losses(log: list[dict[str, Any]], path: Path, heads: int) -> None:
@@ -343,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"parameters on {train.num_tokens} answer tokens ({train.num} sequences), "
           f"{total_steps} steps, {args.epochs} epochs, device {device}")
     order: list[list[tuple[int, int]]] = []
+    points = sorted(int(x) for x in args.scaling_points.split(",") if x.strip())
+    seen = int(log[-1].get("tokens", 0)) if log else 0  # answer tokens trained so far
     last_save = time.time()
     bar = tqdm(total=total_steps, initial=step, desc="[5/6] training", unit="step")
     t0 = time.time()
@@ -354,14 +405,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         spans = order[step % per_epoch]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
-        outp = model.train_forward(*train.tensors(spans, device),
-                                   distill_weight=args.distill_weight)
+        batch = train.tensors(spans, device)
+        outp = model.train_forward(*batch, distill_weight=args.distill_weight)
         opt.zero_grad(set_to_none=True)
         outp.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)
         opt.step()
         step += 1
-        rec = {"step": step, "loss": round(float(outp.loss.detach()), 4),
+        before, seen = seen, seen + int(batch[3].sum())
+        rec = {"step": step, "tokens": seen, "loss": round(float(outp.loss.detach()), 4),
                "ce": [round(float(c.detach()), 4) for c in outp.ce],
                "mse": round(float(outp.mse.detach()), 5),
                "lr": opt.param_groups[0]["lr"]}
@@ -369,6 +421,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rec["eval"] = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
             bar.write(f"step {step}: held-out top-1 per head "
                       f"{[h[0] for h in rec['eval']['top_k']]}")
+        for point in (x for x in points if before < x <= seen):
+            rec.setdefault("scaling", []).append(scaling_point(
+                model, heldout, args, device, point, work / f"{out.stem}-{point}.safetensors",
+                stamp))
+            bar.write(f"{point} answer tokens: {rec['scaling'][-1]['summary']}")
         log.append(rec)
         with log_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -387,6 +444,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 6: evaluation and the checkpoint
     final = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
     plot_losses(log, work / f"{out.stem}.loss.png", cfg.num_heads)
+    scaling = [s for r in log for s in r.get("scaling", [])]
+    if scaling:
+        plot_scaling(scaling, work / f"{out.stem}.scaling.png")
     training = {
         "command": "python tools/train_chimera.py " + shlex.join(
             sys.argv[1:] if argv is None else argv),
@@ -394,6 +454,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{'the target' + chr(39) + 's greedy answers' if args.labels == 'self' else 'reference answers'}"
                 f", labels: the target's top-1",
         "labels": args.labels, "answer_tokens": train.num_tokens,
+        **({"corpus": {k: v for k, v in (corpus.read_stamp(folder) or {}).items()
+                       if k in ("prompts", "limits", "answers", "engine", "date")}}
+           if args.labels == "self" else {}),
         "sequences": train.num, "epochs": args.epochs, "steps": total_steps, "lr": args.lr,
         "batch_tokens": args.batch_tokens, "distill_weight": args.distill_weight,
         "train_seconds": round(trained_s, 1), "total_seconds": round(time.time() - t_start, 1),
@@ -401,6 +464,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "draft_vocab_coverage": round(vocab.coverage(held_counts), 4),
         "heldout": final, "date": time.strftime("%Y-%m-%d"),
+        **({"scaling": [{k: v for k, v in s.items() if k != "summary"} for s in scaling]}
+           if scaling else {}),
     }
     save_checkpoint(out, model, stamp, training)
     report = {"checkpoint": str(out), "config": cfg.to_json(), "training": training}

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .options import CommonOptions, build
+from .resolved import Artifacts
 from .skip_mask import SkipMask
 
 
@@ -151,12 +152,15 @@ class Proposer(ABC):
     # points; None at TP = 1.
     agree: Callable[[Any], Any] | None = None
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
         self.k = num_speculative_tokens
+        # what the method drafts with, resolved at start-up (resolved.py); one typed field each
+        self.artifacts = artifacts if artifacts is not None else Artifacts()
         # bumped whenever the drafter changes how it drafts (SWIFT's phases): measurements
         # of the old drafter (the cost gate's) no longer apply
         self.phase_changes = 0
-        self.options = dict(options)  # validated keys plus what the glue resolved at start-up
+        self.options = dict(options)  # the method's validated keys
         self.cfg: Any = build(self.options_class, options)
         self.stats: dict[str, float] = {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0}
 

@@ -422,3 +422,11 @@ def expected_tokens_per_step(accept: list[float]) -> float:
         run *= a
         total += run
     return total
+
+
+def load_draft_vocab_ids(path: str | Path, n: int) -> list[int]:
+    """The first (most frequent) ``n`` target ids of a checkpoint's draft vocabulary."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor("draft_ids")[:n].long().tolist()

@@ -41,6 +41,7 @@ import torch
 from .base import DraftBatch, Proposal, Proposer, TargetStates
 from .chimera import ChimeraDraftModel, trigram_ids
 from .options import DraftSamplerOptions, option
+from .resolved import Artifacts
 from .sampling import draft_distribution
 
 
@@ -128,9 +129,10 @@ class ChimeraProposer(Proposer):
     # seconds go to the cost gate as ``Proposal.timed`` (None: the call's cost is theirs)
     timed_evidence: str | None = None
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
-        self.model: ChimeraDraftModel | None = options.get("model")
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
+        self.model: ChimeraDraftModel | None = self.artifacts.checkpoint
         self.stores: dict[str, ContextStore] = {}
         self.pending: list[TargetStates] = []  # mature states not yet taken in, in order
         self.pending_rows = 0

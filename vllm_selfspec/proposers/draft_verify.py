@@ -24,6 +24,7 @@ from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
 from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
+from .resolved import Artifacts
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
 
@@ -76,18 +77,20 @@ class SelfSpecProposer(Proposer):
     uses_target = True
     options_class = SelfSpecOptions
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         self.exit = DraftExitController(self.draft_exit_config())
         self.sample_drafts = self.cfg.sample_drafts
-        self.mask: SkipMask = options.get("mask") or SkipMask()
+        self.mask: SkipMask = self.artifacts.skip_mask or SkipMask()
         self.target: LayerSkipTarget | None = None
         self.generator: torch.Generator | None = None
         # draft vocabulary (key draft_vocab): target ids of the N most frequent tokens, most
-        # frequent first, resolved at start-up (options["draft_vocab_ids"]); bound in bind()
+        # frequent first, resolved at start-up (artifacts.draft_vocab); bound in bind()
         self.vocab: DraftVocab | None = None
         self.head: torch.Tensor | None = None  # [N, H] LM-head rows of the draft vocabulary
-        self.vocab_ids: list[int] | None = options.get("draft_vocab_ids")  # loaded at start-up
+        self.vocab_ids: list[int] | None = (list(self.artifacts.draft_vocab)
+                                            if self.artifacts.draft_vocab else None)
         self._vocab_size: int | None = None  # asked for before bind()
 
     def draft_exit_config(self) -> DraftExitConfig:

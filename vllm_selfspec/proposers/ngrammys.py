@@ -37,6 +37,7 @@ from .datastore import Datastore
 from .ngram_tables import BigramTable
 from .options import CommonOptions, option
 from .past_requests import DraftsFromPastRequests
+from .resolved import Artifacts
 
 # Bounded work per step: only the most recent occurrences of the query's first
 # token are examined (frequent tokens such as spaces occur hundreds of times).
@@ -201,13 +202,11 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
 
     options_class = NGrammysOptions
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         c = self.cfg
-        table = options.get("table")
-        if table is None and options.get("table_path"):
-            table = BigramTable.load(options["table_path"])
-        self.table: BigramTable | None = table
+        self.table: BigramTable | None = self.artifacts.bigram_table
         self.num_rows = c.num_rows
         self.width = int(num_speculative_tokens)
         self.bigram_width = min(self.width, c.bigram_width or self.width)
@@ -221,10 +220,7 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
         self.rows_needed = self.num_rows if (self.keep_rows or self.selection != "first") else 1
         self.kept: dict[str, _Kept] = {}
         self.keep_past_requests(c.history_tokens)
-        store = options.get("datastore_obj")
-        if store is None and options.get("datastore_path"):
-            store = Datastore.load(options["datastore_path"])
-        self.datastore: Datastore | None = store
+        self.datastore: Datastore | None = self.artifacts.datastore
         self.stats.update({"from_kept": 0, "from_context": 0, "from_history": 0,
                            "from_datastore": 0, "from_bigram": 0})
 

@@ -37,6 +37,7 @@ from .ngrammys import (
 )
 from .options import option
 from .past_requests import DEFAULT_HISTORY_TOKENS, DraftsFromPastRequests
+from .resolved import Artifacts
 
 DEFAULT_WIDTH = 8  # num_speculative_tokens: context drafts; Chimera drafts up to its heads
 
@@ -60,8 +61,9 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
     # Chimera's tokens cost ~0.09 of a step, context tokens ~0.001: priced apart
     timed_evidence = "chimera"
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         c = self.cfg
         self.keep_past_requests(c.history_tokens)
         self.stats.update({"from_context": 0, "from_history": 0, "from_chimera": 0})

@@ -40,6 +40,7 @@ from .ngrammys import (
 )
 from .options import option
 from .past_requests import DEFAULT_HISTORY_TOKENS
+from .resolved import Artifacts
 
 SELF_DRAFT = "selfspec"  # the evidence class of the self-draft's drafts
 
@@ -59,15 +60,15 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
 
     options_class = NGrammysSelfSpecOptions
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         c = self.cfg
         # ngrammys' sources without its bigram rows (the self-draft takes their place)
         self.ngrams = NGrammysProposer(num_speculative_tokens, {
             "bigram_table": "none", "num_rows": 1, "query_length": c.query_length,
-            "min_query_length": c.min_query_length, "history_tokens": c.history_tokens,
-            "datastore_path": options.get("datastore_path"),
-            "datastore_obj": options.get("datastore_obj")})
+            "min_query_length": c.min_query_length, "history_tokens": c.history_tokens},
+            Artifacts(datastore=self.artifacts.datastore))
         self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
                            "from_selfspec": 0})

@@ -50,6 +50,18 @@ class SkipMask:
             out["metadata"] = dict(self.metadata)
         return out
 
+    def to_wire(self) -> dict[str, Any]:
+        """The form that travels to the workers (``resolved.ArtifactRefs``): the sets, where
+        the mask came from and its metadata, JSON-safe."""
+        return {"attention": sorted(self.attention), "mlp": sorted(self.mlp),
+                "source": self.source,
+                "metadata": json.loads(json.dumps(dict(self.metadata), default=str))}
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> SkipMask:
+        return cls(frozenset(obj["attention"]), frozenset(obj["mlp"]),
+                   metadata=obj.get("metadata") or {}, source=obj.get("source", "inline"))
+
     def describe(self) -> str:
         return f"skip {len(self.attention)} attention + {len(self.mlp)} MLP sub-layers ({self.source})"
 

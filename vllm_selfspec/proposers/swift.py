@@ -46,6 +46,7 @@ from .draft_exit import DraftExitConfig
 from .draft_verify import SelfSpecProposer
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
 from .options import CommonOptions, draft_vocab_option, draft_weights_option, option
+from .resolved import Artifacts
 from .skip_mask import SkipMask, uniform_mask
 
 OPTIMIZE, ACCELERATE = "optimize", "accelerate"
@@ -107,8 +108,9 @@ class SwiftProposer(SelfSpecProposer):
     options_class = SwiftOptions
     tracks_steps = True
 
-    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any]) -> None:
-        super().__init__(num_speculative_tokens, options)
+    def __init__(self, num_speculative_tokens: int, options: Mapping[str, Any],
+                 artifacts: Artifacts | None = None) -> None:
+        super().__init__(num_speculative_tokens, options, artifacts)
         c = self.cfg
         self.context_window = c.context_window
         self.candidates_per_step = c.candidates_per_step
@@ -157,7 +159,7 @@ class SwiftProposer(SelfSpecProposer):
 
     def bind(self, target: Any) -> None:
         super().bind(target)
-        if not self.options.get("mask"):
+        if self.artifacts.skip_mask is None:
             self.mask = uniform_mask(target.num_layers, self.cfg.skip_ratio)
         if self.cfg.bayes_interval > 0:
             import bayes_opt  # noqa: F401  (import now: ~0.3 s the first time)
