@@ -36,7 +36,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 # every registered method in serving (tools/serve_check.py): 8 clients for a minute per server,
 # one server at a time (~25 min on 2 cores); `make test` runs a short version

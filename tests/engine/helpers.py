@@ -186,5 +186,30 @@ def check_sampling_distribution(llm: Any, sampled_reference: tuple[Any, dict]) -
         mine = sample_continuations(llm, prompt, setting, offset=SAMPLES)
         out[setting] = distribution_p(mine, ref)
     print(f"sampling test p-values: {out}")
+    _log_p_values(llm, out)
     assert all(p >= ALPHA for p in out.values()), out
     return out
+
+
+def _log_p_values(llm: Any, p_values: dict) -> None:
+    """Append the statistic to out/sampling-p-values.jsonl (docs/per-request.md quotes the
+    last run's), labelled with the test and the engine's method."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    try:
+        spec = llm.llm_engine.vllm_config.speculative_config
+        from vllm_selfspec.plugin import plugin_options
+
+        opts = plugin_options(llm.llm_engine.vllm_config) or {}
+        method = opts.get("method") or getattr(spec, "method", None)
+    except Exception:  # noqa: BLE001  (a label only)
+        method = None
+    path = Path(__file__).resolve().parents[2] / "out" / "sampling-p-values.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+                            "method": method, "p": p_values,
+                            "date": time.strftime("%Y-%m-%d %H:%M")}) + "\n")

@@ -104,7 +104,7 @@ def write_stamp(folder: Path, model_stamp: Any, limits: Limits, engine: str,
     stamp = {**old, "model": model_stamp.to_json(), "prompts": PROMPT_SOURCE,
              "limits": limits.to_json(), "answers": "greedy (temperature 0), float32",
              "engine": engine, "splits": splits, "date": time.strftime("%Y-%m-%d"),
-             "command": "python tools/corpus.py " + shlex.join(sys.argv[1:]),
+             "command": "python " + shlex.join(sys.argv),  # the tool that made or read it
              **(extra or {})}
     tmp = folder / (STAMP_FILE + ".tmp")
     tmp.write_text(json.dumps(stamp, indent=1) + "\n")

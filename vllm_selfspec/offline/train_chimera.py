@@ -114,7 +114,8 @@ class Sequences:
                                              "loss_mask": []}
         offs = [0]
         for s in shards:
-            p = np.load(s)
+            with np.load(s) as npz:  # each array read once (npz reads it on every access)
+                p = {k: npz[k] for k in (*cols, "offsets")}
             o = p["offsets"]
             ids = _shard_ids(s)
             for i in range(len(o) - 1):
