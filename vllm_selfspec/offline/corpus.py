@@ -169,15 +169,13 @@ def states(model_path: str, folder: Path, train: list[dict[str, Any]],
            progress: Progress | None = None) -> tuple[list[Path], list[Path]]:
     """The shards of the target's states over these records (collected where missing)."""
     folder = Path(folder)
-    held_shards = cd.collect_states(model_path, held, folder / HELD_OUT_STATES,
-                                    threads=threads, device=device, progress=progress)
-    train_shards = cd.collect_states(model_path, train, folder / TRAIN_STATES,
-                                     threads=threads, device=device, progress=progress)
-    return (shards_for(folder / TRAIN_STATES, train, train_shards),
-            shards_for(folder / HELD_OUT_STATES, held, held_shards))
+    for recs, name in ((held, HELD_OUT_STATES), (train, TRAIN_STATES)):
+        cd.collect_states(model_path, recs, folder / name, threads=threads, device=device,
+                          progress=progress)
+    return shards_for(folder / TRAIN_STATES, train), shards_for(folder / HELD_OUT_STATES, held)
 
 
-def shards_for(folder: Path, recs: list[dict[str, Any]], shards: list[Path]) -> list[Path]:
+def shards_for(folder: Path, recs: list[dict[str, Any]]) -> list[Path]:
     """The shards that hold these records (a larger earlier run may hold more)."""
     index = json.loads((folder / "index.json").read_text())
     want = {r["id"] for r in recs}
@@ -268,25 +266,18 @@ def _answer_tokens(folder: Path) -> int:
 def datastore_tokens(folder: Path, max_tokens: int) -> tuple[Any, dict[str, Any]]:
     """(tokens, metadata) for a REST datastore: the training answers in file order, each
     followed by the separator, up to ``max_tokens`` (held-out answers never)."""
-    import numpy as np
 
-    from vllm_selfspec.proposers.past_requests import SEPARATOR
 
-    parts, total, used = [], 0, 0
-    for r in cd.read_records(Path(folder) / TRAIN_FILE):
-        ids = [t for t in r["response"]][: max_tokens - total - 1]
-        if not ids:
-            continue
-        parts.append(np.asarray([*ids, SEPARATOR], dtype=np.int32))
-        total += len(ids) + 1
-        used += 1
-        if total >= max_tokens:
-            break
+    from vllm_selfspec.builders.datastore import separated
+
+    tokens, used = separated((r["response"] for r in cd.read_records(Path(folder) / TRAIN_FILE)),
+                             max_tokens)
+    total = int(tokens.size)
     stamp = read_stamp(folder) or {}
     meta = {"source": f"the model's own greedy answers (corpus {folder}: {PROMPT_SOURCE})",
             "documents": used, "tokens": int(total), "max_tokens": int(max_tokens),
             "corpus_date": stamp.get("date"), "benchmark_filter": "applied to the prompts"}
-    return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), meta
+    return tokens, meta
 
 
 def measure(model_path: str, convs: list[cd.Conversation], num_seqs: list[int],

@@ -320,33 +320,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                limits, corpus.answer_engine(), args.device,
                                                progress=_counter(bar))
         bar.close()
-        total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
-        bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
-        train_shards, held_shards = corpus.states(model_path, folder, train_recs, held_recs,
-                                                  args.threads, args.device, bar.update)
-        bar.close()
     else:
         print("[2/6] ShareGPT reference answers (teacher-forced)")
+        folder = work  # other answers than the corpus's: their states apart from it
         convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
         held_recs = corpus.take(cd.teacher_forced_records(
             tok, held, held_tokens, max_tokens=args.max_response_tokens), held_tokens)
         train_recs = corpus.take(cd.teacher_forced_records(
             tok, convs, args.tokens, max_tokens=args.max_response_tokens), args.tokens)
-        total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
-        bar = tqdm(total=total, desc="[3/6] target states", unit="tok")
-        held_shards = corpus.shards_for(work / corpus.HELD_OUT_STATES, held_recs,
-                                        cd.collect_states(model_path, held_recs,
-                                                          work / corpus.HELD_OUT_STATES,
-                                                          threads=args.threads,
-                                                          device=args.device,
-                                                          progress=bar.update))
-        train_shards = corpus.shards_for(work / corpus.TRAIN_STATES, train_recs,
-                                         cd.collect_states(model_path, train_recs,
-                                                           work / corpus.TRAIN_STATES,
-                                                           threads=args.threads,
-                                                           device=args.device,
-                                                           progress=bar.update))
-        bar.close()
+    total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
+    with tqdm(total=total, desc="[3/6] target states", unit="tok") as bar:
+        train_shards, held_shards = corpus.states(model_path, folder, train_recs, held_recs,
+                                                  args.threads, args.device, bar.update)
     train = Sequences.load(train_shards, {r["id"] for r in train_recs})
     heldout = Sequences.load(held_shards, {r["id"] for r in held_recs})
 
