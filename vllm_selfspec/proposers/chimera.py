@@ -219,6 +219,7 @@ class TrainOutput:
     loss: torch.Tensor
     ce: list[torch.Tensor]  # per head
     mse: torch.Tensor
+    kl: list[torch.Tensor] = field(default_factory=list)  # per head, with kd_weight > 0
     # per head: [topk] counts of labels within the head's top-1..top-k, and the label count
     correct: list[torch.Tensor] = field(default_factory=list)
     counted: list[int] = field(default_factory=list)
@@ -351,16 +352,24 @@ class ChimeraDraftModel(nn.Module):
 
     def train_forward(self, tokens: torch.Tensor, hidden: torch.Tensor, labels: torch.Tensor,
                       loss_mask: torch.Tensor, distill_weight: float = 1.0,
-                      topk: int = 5) -> TrainOutput:
+                      topk: int = 5, kd_weight: float = 0.0) -> TrainOutput:
         """Losses over sequences: ``tokens`` [B, T], the target's final-norm states
         ``hidden`` [B, T, H] at every position, ``labels`` [B, T] the target's top-1
-        after each position (-1: none), ``loss_mask`` [B, T] the positions that count."""
+        after each position (-1: none), ``loss_mask`` [B, T] the positions that count.
+
+        ``kd_weight`` w: each head's term is (1 - w) CE(top-1) + w KL(p || q), p the
+        target's own next-token distribution over the draft vocabulary (its LM-head rows
+        on h_p, the state the label came from) and q the head's: the target's whole
+        distribution instead of its argmax (the paper trains on labels only, eq. 5)."""
+        if kd_weight > 0 and self.cfg.head_kind != "shared":
+            raise ValueError("distilling the target's distribution needs head_kind='shared' "
+                             "(the target's LM-head rows)")
         dev = tokens.device
         vocab_index = torch.full((self.cfg.vocab_size,), -100, dtype=torch.long, device=dev)
         vocab_index[self.draft_ids] = torch.arange(self.draft_ids.numel(), device=dev)
         in_vocab = vocab_index[labels.clamp_min(0)]
         out = TrainOutput(loss=torch.zeros((), device=dev), ce=[], mse=torch.zeros((), device=dev))
-        mse_terms = []
+        mse_terms, heads = [], []
         hidden = hidden.to(self.heads[0].weight.dtype)
         for where, z, logits in self.teacher_forced(tokens, hidden, loss_mask & (labels >= 0)):
             lg = logits.float()
@@ -368,6 +377,16 @@ class ChimeraDraftModel(nn.Module):
             ce = F.cross_entropy(lg, target, ignore_index=-100) \
                 if bool((target >= 0).any()) else lg.sum() * 0.0
             out.ce.append(ce)
+            if kd_weight > 0:
+                assert self.lm_rows is not None, "bind_target() was not called"
+                with torch.no_grad():
+                    p_log = F.log_softmax(hidden[where].float() @ self.lm_rows.float().T, dim=-1)
+                kl = F.kl_div(F.log_softmax(lg, dim=-1), p_log, log_target=True,
+                              reduction="batchmean")
+                out.kl.append(kl)
+                heads.append((1.0 - kd_weight) * ce + kd_weight * kl)
+            else:
+                heads.append(ce)
             mse_terms.append(F.mse_loss(z.float(), hidden[where].float()))
             with torch.no_grad():
                 top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
@@ -375,7 +394,7 @@ class ChimeraDraftModel(nn.Module):
                 out.correct.append(hit.sum(dim=0))
                 out.counted.append(int(target.numel()))
         out.mse = torch.stack(mse_terms).mean()
-        out.loss = torch.stack(out.ce).mean() + distill_weight * out.mse
+        out.loss = torch.stack(heads).mean() + distill_weight * out.mse
         return out
 
 
