@@ -31,12 +31,20 @@ def eval_prompts(session_prompts):
 
 
 @pytest.fixture(scope="session")
-def plain_decoding(model_path, session_prompts):
+def humaneval_prompts(model_path):
+    """HumanEval prompts: code, whose repeats the n-gram drafters find."""
+    return prompts(model_path, dataset="humaneval")
+
+
+@pytest.fixture(scope="session")
+def plain_decoding(model_path, session_prompts, humaneval_prompts):
     """Plain decoding, greedy, same engine settings (the losslessness reference): free
-    text, and under each structured-output grammar (helpers.structured_params)."""
+    text (the evaluation prompts and the HumanEval ones), and under each structured-output
+    grammar (helpers.structured_params). One plain engine for every engine test module."""
     llm = make_llm(model_path)
     try:
         out = {"free": token_ids(llm.generate(session_prompts, GREEDY, use_tqdm=False)),
+               "humaneval": token_ids(llm.generate(humaneval_prompts, GREEDY, use_tqdm=False)),
                "structured": structured_outputs(llm, session_prompts),
                "sampled": (session_prompts[0], {s: sample_continuations(llm, session_prompts[0], s)
                                              for s in SAMPLING_SETTINGS})}
@@ -51,6 +59,11 @@ def reference(plain_decoding):
 
 
 @pytest.fixture(scope="session")
+def humaneval_reference(plain_decoding):
+    return plain_decoding["humaneval"]
+
+
+@pytest.fixture(scope="session")
 def structured_reference(plain_decoding):
     return plain_decoding["structured"]
 
@@ -59,3 +72,13 @@ def structured_reference(plain_decoding):
 def sampled_reference(plain_decoding):
     """(the prompt, plain decoding's continuations of it per sampling setting)."""
     return plain_decoding["sampled"]
+
+
+@pytest.fixture(scope="session")
+def selfspec_engine(model_path):
+    """``selfspec`` with its defaults (W8A8 draft weights, the uniform mask, which skips
+    nothing, cost gate on), in the older spelling ``speculative_model="[selfspec]"``, 6
+    draft tokens: shared by the selfspec and draft_weights modules (one engine start)."""
+    llm = make_llm(model_path, speculative_model="[selfspec]", num_speculative_tokens=6)
+    yield llm
+    shutdown(llm)

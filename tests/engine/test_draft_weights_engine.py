@@ -13,18 +13,23 @@ from vllm_selfspec.offline.spec_metrics import acceptance
 pytestmark = pytest.mark.engine
 
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-EMPTY = {"attention": [], "mlp": []}
 
 
 @pytest.fixture(scope="module", params=[("selfspec", "w8a8"), ("swift", "int8")],
             ids=lambda p: f"{p[0]}-{p[1]}")
 def engine(request, model_path):
+    """``selfspec`` with its defaults (W8A8, a mask that skips nothing: the session's
+    engine, shared with the selfspec module) with its cost gate off here, so every step
+    drafts; ``swift`` with int8 weights (its own engine)."""
     method, fmt = request.param
-    cfg = {"method": method, "num_speculative_tokens": 4, "draft_weights": fmt,
-           "cost_gate": False}
     if method == "selfspec":
-        cfg["skip_mask"] = EMPTY
-    llm = make_llm(model_path, speculative_config=cfg)
+        llm = request.getfixturevalue("selfspec_engine")
+        llm.collective_rpc(control.set_cost_gate, args=(False,))
+        yield fmt, llm
+        llm.collective_rpc(control.set_cost_gate, args=(True,))
+        return
+    llm = make_llm(model_path, speculative_config={
+        "method": method, "num_speculative_tokens": 4, "draft_weights": fmt, "cost_gate": False})
     yield fmt, llm
     shutdown(llm)
 

@@ -1,5 +1,5 @@
-"""``ngrammys-selfspec``'s two sources, and the engine key ``max_draft_prompt_tokens``
-(SmolLM2-135M, float32).
+"""``ngrammys-selfspec``'s two sources (SmolLM2-135M, float32). The engine key
+``max_draft_prompt_tokens`` is checked on the ``ngrammys`` engine (test_ngrammys_engine.py).
 
 Per-request control and structured outputs: the self-drafting methods and Chimera check them
 on their own engines (``helpers.check_request_control`` in their modules), and every method
@@ -40,23 +40,3 @@ def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
     assert token_ids(outs) == reference
     assert stats["from_selfspec"] > 0 and stats["from_context"] > 0, stats
     assert stats["draft_weights"] == "w8a8" and acceptance(outs).accepted > 0
-
-
-def test_long_prompts_draft_nothing(model_path, eval_prompts, reference):
-    """``max_draft_prompt_tokens``: requests whose prompt is longer draft nothing (where
-    acceptance collapses on long contexts); shorter ones draft as usual; output identical."""
-    lengths = sorted(len(p["prompt_token_ids"]) for p in eval_prompts)
-    limit = lengths[len(lengths) // 2 - 1]  # half the prompts are longer
-    llm = make_llm(model_path, speculative_config={"method": "ngrammys", "cost_gate": False,
-                                                    "max_draft_prompt_tokens": limit})
-    try:
-        outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
-                            use_tqdm=False)
-    finally:
-        shutdown(llm)
-    assert token_ids(outs) == reference
-    long = [o for p, o in zip(eval_prompts, outs) if len(p["prompt_token_ids"]) > limit]
-    short = [o for p, o in zip(eval_prompts, outs) if len(p["prompt_token_ids"]) <= limit]
-    assert long and short
-    assert acceptance(long).draft_tokens == 0
-    assert acceptance(short).draft_tokens > 0

@@ -28,12 +28,12 @@ EMPTY = {"attention": [], "mlp": []}
 
 
 @pytest.fixture(scope="module")
-def uniform_engine(model_path):
-    """The older spelling, with the default (uniform) mask."""
-    llm = make_llm(model_path, speculative_model="[selfspec]",
-                   num_speculative_tokens=6)
-    yield llm
-    shutdown(llm)
+def uniform_engine(selfspec_engine):
+    """The older spelling, with the default (uniform) mask (conftest: shared with the
+    draft_weights module, which runs first). Stopped with this module: no later module
+    uses it."""
+    yield selfspec_engine
+    shutdown(selfspec_engine)
 
 
 @pytest.fixture(scope="module")
