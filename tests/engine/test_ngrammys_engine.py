@@ -112,6 +112,14 @@ def test_cost_gate_by_source_stays_identical(engine, eval_prompts, plain):
 
 
 def test_sampling_follows_plain_decoding(engine, sampled_reference):
-    """Context drafts are deterministic (vLLM verifies them as one-hot): continuations
-    follow plain decoding's distribution."""
+    """Context and bigram drafts are deterministic (vLLM verifies them as one-hot):
+    continuations follow plain decoding's distribution, with drafts made and some of them
+    rejected while sampling (else the check would not see the rejection sampler at work)."""
+    from vllm_selfspec.control import drafter_stats
+
+    before = engine.collective_rpc(drafter_stats)[0]
     check_sampling_distribution(engine, sampled_reference)
+    after = engine.collective_rpc(drafter_stats)[0]
+    drafted = after["drafted"] - before["drafted"]
+    accepted = after["accepted"] - before["accepted"]
+    assert 0 < accepted < drafted, (accepted, drafted)
