@@ -371,23 +371,30 @@ class ChimeraDraftModel(nn.Module):
         out = TrainOutput(loss=torch.zeros((), device=dev), ce=[], mse=torch.zeros((), device=dev))
         mse_terms, heads = [], []
         hidden = hidden.to(self.heads[0].weight.dtype)
-        for where, z, logits in self.teacher_forced(tokens, hidden, loss_mask & (labels >= 0)):
+        select = loss_mask & (labels >= 0)
+        if kd_weight > 0:
+            # the target's log-probabilities over the draft vocabulary, once per labelled
+            # position (every head's positions are among them); row of a position: row_of
+            assert self.lm_rows is not None, "bind_target() was not called"
+            row_of = torch.full(select.shape, -1, dtype=torch.long, device=dev)
+            row_of[select] = torch.arange(int(select.sum()), device=dev)
+            with torch.no_grad():
+                p_log = F.log_softmax(hidden[select].float() @ self.lm_rows.float().T, dim=-1)
+        for where, z, logits in self.teacher_forced(tokens, hidden, select):
             lg = logits.float()
             target = in_vocab[where]
+            h = hidden[where].float()
             ce = F.cross_entropy(lg, target, ignore_index=-100) \
                 if bool((target >= 0).any()) else lg.sum() * 0.0
             out.ce.append(ce)
             if kd_weight > 0:
-                assert self.lm_rows is not None, "bind_target() was not called"
-                with torch.no_grad():
-                    p_log = F.log_softmax(hidden[where].float() @ self.lm_rows.float().T, dim=-1)
-                kl = F.kl_div(F.log_softmax(lg, dim=-1), p_log, log_target=True,
+                kl = F.kl_div(F.log_softmax(lg, dim=-1), p_log[row_of[where]], log_target=True,
                               reduction="batchmean")
                 out.kl.append(kl)
                 heads.append((1.0 - kd_weight) * ce + kd_weight * kl)
             else:
                 heads.append(ce)
-            mse_terms.append(F.mse_loss(z.float(), hidden[where].float()))
+            mse_terms.append(F.mse_loss(z.float(), h))
             with torch.no_grad():
                 top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
                 hit = (top == target.unsqueeze(1)).cumsum(dim=1).clamp_max(1)
