@@ -317,6 +317,8 @@ class PluginDrafter:
                           else None,
                           # per-class lengths are rank-local: not where ranks must agree
                           limit=self.gate.limit if self.gate is not None and self.sync is None
+                          else None,
+                          worth=self.gate.worth if self.gate is not None and self.sync is None
                           else None)
 
     def _save_mask(self, mask: Any, info: dict[str, Any]) -> None:

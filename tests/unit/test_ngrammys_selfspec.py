@@ -19,7 +19,7 @@ def make(k=4, **opts):
     return p, t
 
 
-def batch(rows, temperature=0.0, limit=None):
+def batch(rows, temperature=0.0, limit=None, worth=None):
     ids = np.zeros((len(rows), 64), dtype=np.int32)
     reqs = []
     for i, toks in enumerate(rows):
@@ -27,7 +27,7 @@ def batch(rows, temperature=0.0, limit=None):
         reqs.append(DraftRequest(row=i, req_id=f"r{i}", position=len(toks) - 1,
                                  token=toks[-1], max_len=8, temperature=temperature))
     return DraftBatch([f"r{i}" for i in range(len(rows))], reqs, ids,
-                      np.array([len(t) for t in rows]), limit=limit)
+                      np.array([len(t) for t in rows]), limit=limit, worth=worth)
 
 
 # "9 3" occurred before: a context match proposes 5 6 7 ...; the second has no repeat
@@ -52,6 +52,22 @@ def test_a_source_the_gate_holds_back_falls_through_to_the_self_draft():
     assert out.drafts[0] == [4, 5, 6, 7] and out.evidence[0] == SELF_DRAFT
     out = p.propose(batch([REPEAT], limit=lambda cls: 0))
     assert out.drafts[0] == [] and t.calls  # nothing pays: nothing drafted
+
+
+def test_a_match_predicted_to_pay_less_than_the_self_draft_is_passed_over():
+    p, t = make(k=4)
+    low = {SELF_DRAFT: 1.6}  # every n-gram class 1.1: the self-draft pays more
+    out = p.propose(batch([REPEAT, FRESH], worth=lambda cls: low.get(cls, 1.1)))
+    assert out.evidence == [SELF_DRAFT, SELF_DRAFT]
+    assert out.drafts[0] == [4, 5, 6, 7] and p.stats["match_passed_over"] == 1
+    assert p.stats["from_context"] == 0 and p.stats["from_selfspec"] == 2
+    high = {SELF_DRAFT: 1.6}  # the context match pays more: it drafts, as without worth
+    out = p.propose(batch([REPEAT], worth=lambda cls: high.get(cls, 3.0)))
+    assert out.drafts[0] == [5, 6, 7, 11] and out.evidence[0].startswith("context")
+    # a self-draft the gate holds back is not preferred, whatever it would be worth
+    out = p.propose(batch([REPEAT], limit=lambda cls: 0 if cls == SELF_DRAFT else 8,
+                          worth=lambda cls: low.get(cls, 1.1)))
+    assert out.drafts[0] == [5, 6, 7, 11] and out.evidence[0].startswith("context")
 
 
 def test_sampled_batch_hands_q_for_self_drafts_and_one_hot_for_n_grams():

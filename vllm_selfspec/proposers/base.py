@@ -70,10 +70,17 @@ class DraftBatch:
     states: list[TargetStates] | None = None  # for proposers with uses_hidden_states
     # the cost gate's most drafts per evidence class (proposers.cost_gate); None: no limit
     limit: Callable[[str], int] | None = None
+    # the cost gate's predicted gain per evidence class (CostGate.worth); None: not known
+    worth: Callable[[str], float] | None = None
 
     def cap(self, req: DraftRequest, evidence: str) -> int:
         """Most drafts ``req`` may have from a source of class ``evidence``."""
         return req.max_len if self.limit is None else min(req.max_len, self.limit(evidence))
+
+    def prefers(self, evidence: str, over: str) -> bool:
+        """Whether the cost gate predicts drafts of class ``evidence`` pay more than
+        drafts of class ``over`` (False where it does not know)."""
+        return self.worth is not None and self.worth(evidence) > self.worth(over)
 
 
 @dataclass

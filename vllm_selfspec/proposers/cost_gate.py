@@ -115,6 +115,8 @@ class _Evidence:
     probe_every: int
     next_probe: int
     limit: int = 0  # drafts this step (plan())
+    gain: float = 1.0  # predicted gain of its best length at the last plan() (``worth``)
+    probing: bool = False  # its drafts at the last plan() are a probe
     c_draft: float | None = None  # seconds per draft token, where the proposer timed it
     c_samples: int = 0
     probes: int = 0  # probe steps so far
@@ -523,22 +525,23 @@ class CostGate:
         warm = self.fit.ready and self.steps > self.cfg.warmup_steps
         costs = self.step_costs(self.batch) if warm else None  # once a step
         for name, e in self.classes.items():
+            probing = False
             if not warm:
                 d, gain = 0, 1.0
             elif self.draft_cost(name) is None:
-                d, gain = 1, 1.0  # first probe: learn what a draft token costs
+                d, gain, probing = 1, 1.0, True  # first probe: learn what a draft token costs
             else:
                 d, gain = self.best(evidence=name, costs=costs)
                 if d > 0:
                     e.probe_every = self.cfg.probe_every
                 elif self.steps >= e.next_probe:
-                    d = self._probe_length(name, costs)
+                    d, probing = self._probe_length(name, costs), True
                     e.probes += 1
                     wait = 0 if e.probes <= self.cfg.early_probes else \
                         self._probe_wait(name, d, costs)
                     e.next_probe = self.steps + max(e.probe_every, wait)
                     e.probe_every = min(2 * e.probe_every, self.cfg.max_probe_every)
-            e.limit = d
+            e.limit, e.gain, e.probing = d, gain, probing
             if self._counts(name):
                 top, top_gain = max(top, d), max(top_gain, gain)
         c = self.cfg
@@ -590,6 +593,18 @@ class CostGate:
             e = self._evidence(evidence)
             e.limit = self.classes[""].limit
         return e.limit
+
+    def worth(self, evidence: str) -> float:
+        """Predicted gain of class ``evidence``'s best draft length at the last plan()
+        (below 1 + ``margin`` where it does not pay), for a proposer that has several
+        sources for one request to draft from the one that pays most. A class on its probe
+        step is worth ``inf``: the probe is how the gate learns what the class costs and
+        how often it is accepted, and a class that loses to another source at every step
+        would never be probed. A class not seen yet is worth what the unlabelled one (its
+        prior) is."""
+        e = self.classes.get(evidence)
+        e = e if e is not None else self.classes[""]
+        return math.inf if e.probing and e.limit > 0 else e.gain
 
     @property
     def winner(self) -> str:

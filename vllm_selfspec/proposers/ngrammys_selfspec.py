@@ -14,8 +14,13 @@ A composition of two papers' drafters, not either one, so it has its own method 
   adaptive draft-exit threshold (§3.4) learns from those drafts only.
 
 A source the cost gate holds back for a request (its evidence class does not pay) falls
-through to the self-draft. The gate prices the self-draft's tokens on their own (they
-cost a fraction of a step, n-gram tokens almost nothing). Sampling: n-gram drafts are
+through to the self-draft, and so does a match whose class the gate predicts to pay less
+than the self-draft (``CostGate.worth``: expected tokens per second of a step with its
+drafting, from each class's acceptance curve and draft cost): where text seldom repeats,
+short context matches and datastore rows are accepted far less often than a low-bit
+self-draft, and taking the first source that matches cost this method half of
+``selfspec``'s acceptance length (docs/results.md). The gate prices the self-draft's tokens
+on their own (they cost a fraction of a step, n-gram tokens almost nothing). Sampling: n-gram drafts are
 deterministic (one-hot q); self-drafts are drawn from the low-bit pass's q.
 """
 
@@ -71,7 +76,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             Artifacts(datastore=self.artifacts.datastore))
         self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
-                           "from_selfspec": 0})
+                           "from_selfspec": 0, "match_passed_over": 0})
 
     def observe(self, results: list[Verification]) -> None:
         """Base counters for every draft; the draft-exit threshold learns from the
@@ -98,15 +103,16 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             history = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
             rows, labels = self.ngrams.candidates(history, r.req_id)
             cap = batch.cap(r, labels[0]) if rows else 0
-            if cap > 0:
+            own = batch.cap(r, SELF_DRAFT)
+            if cap > 0 and not (own > 0 and batch.prefers(SELF_DRAFT, labels[0])):
                 drafts[r.row] = [int(t) for t in rows[0][:cap]]
                 evidence[r.row] = labels[0]
                 self.stats["from_" + labels[0].split(":")[0]] += 1
                 continue
-            cap = batch.cap(r, SELF_DRAFT)
-            if cap > 0:
-                rest.append(dataclasses.replace(r, max_len=cap))
+            if own > 0:
+                rest.append(dataclasses.replace(r, max_len=own))
                 evidence[r.row] = SELF_DRAFT
+                self.stats["match_passed_over"] += int(cap > 0)
         probs, timed = None, None
         if rest:
             t0 = time.perf_counter()
