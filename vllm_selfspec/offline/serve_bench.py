@@ -229,6 +229,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axes[1].plot(xs, [r["output_throughput"] for r in mine], marker="o", label=method)
     for ax, title in zip(axes, ("time per output token, p50 (ms)", "output tokens/s")):
         ax.set_xscale("log")
+        ax.minorticks_off()
         ax.set_xticks([pos[r] for r in rates], [rate_name(r) for r in rates])
         ax.set_xlabel("request rate (req/s)")
         ax.set_title(title)
