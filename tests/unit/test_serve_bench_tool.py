@@ -44,10 +44,9 @@ def record(method, rate, tok_s, tpot, texts):
 
 
 def test_rows_table_and_plot(tmp_path):
-    _, s = sb.parse_args(["--json", "x"])
     recs = [record(sb.PLAIN, 1.0, 100.0, 20.0, ["a", "b"]), record("suffix", 1.0, 150.0, 10.0, ["a", "c"]),
             record(sb.PLAIN, math.inf, 200.0, 40.0, ["a", "b"]), record("suffix", math.inf, 180.0, 50.0, ["a", "b"])]
-    rows = sb.summarize(recs, s)
+    rows = sb.summarize(recs)
     by = {(r["method"], r["rate"]): r for r in rows}
     assert by[("suffix", 1.0)]["throughput_vs_plain"] == 1.5
     assert by[("suffix", 1.0)]["tpot_p50_vs_plain"] == 2.0
@@ -83,3 +82,35 @@ def test_each_rate_gets_prompts_of_its_own(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets, "load_prompts", lambda *a, **k: [P(0)])
     with pytest.raises(SystemExit, match="only 1"):
         sb.write_prompts("/m", s, tmp_path)
+
+
+def test_cells_are_logged_as_they_finish_and_resume_skips_them(monkeypatch, tmp_path):
+    from vllm_selfspec import assets
+
+    monkeypatch.setattr(assets, "resolve_model", lambda name: "/m")
+    monkeypatch.setattr(sb, "write_prompts", lambda *a: {})
+    calls = []
+
+    def fake(method, s, model_path, prompts, work, todo, done):
+        calls.append((method, list(todo)))
+        for rate in todo:
+            if method == "suffix" and rate == math.inf and fail:
+                raise SystemExit("suffix at inf: exited with 1")
+            done(rate, record(method, rate, 100.0, 20.0, ["a"]), 1.0)
+
+    monkeypatch.setattr(sb, "run_method", fake)
+    _, s = sb.parse_args(["--json", "x", "--methods", "suffix", "--request-rates", "1,inf"])
+    out = tmp_path / "r.json"
+    fail = True
+    with pytest.raises(SystemExit):
+        sb.run(s, out)
+    logged = [json.loads(line) for line in out.with_suffix(".log.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["rate"]) for r in logged] == [
+        ("baseline", "1.0"), ("baseline", "inf"), ("suffix", "1.0")]
+    fail, calls[:] = False, []
+    result = sb.run(s, out, resume=True)
+    assert calls == [("suffix", [math.inf])]  # only the cell the log lacks
+    assert len(result["rows"]) == 4 and out.exists()
+    _, other = sb.parse_args(["--json", "x", "--methods", "suffix", "--max-tokens", "7"])
+    with pytest.raises(SystemExit, match="other settings"):
+        sb.run(other, out, resume=True)

@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from vllm_selfspec.offline.bench import NGRAM_DEFAULTS, VLLM_METHODS, _check_suffix_installed
 from vllm_selfspec.offline.serve_check import HOST, Server
@@ -137,9 +137,10 @@ def cell(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_method(method: str, s: Settings, model_path: str, prompts: dict[float, Path],
-               work: Path, todo: list[float]) -> tuple[list[tuple[float, dict[str, Any]]], float]:
-    """One server for ``method``, ``vllm bench serve`` at each rate of ``todo``; returns the
-    cells and the server's start seconds."""
+               work: Path, todo: list[float],
+               done: Callable[[float, dict[str, Any], float], None]) -> None:
+    """One server for ``method``, ``vllm bench serve`` at each rate of ``todo``; each cell
+    goes to ``done(rate, cell, server start seconds)`` as it finishes."""
     served = s.model
     server = Server(model_path, served, speculative_config(method, s),
                     s.kv_cache_mib << 20, s.max_model_len, work / f"{method}.server.log", {})
@@ -148,29 +149,27 @@ def run_method(method: str, s: Settings, model_path: str, prompts: dict[float, P
     start_s = round(time.time() - t0, 1)
     if why is not None:
         raise SystemExit(f"{method}: {why}")
-    cells = []
     try:
         for rate in todo:
             out = work / f"{method}-{rate}.json"
             log = work / f"{method}-{rate}.bench.log"
+            cmd = bench_command(server.port, served, model_path, prompts[rate], s, rate, out)
             with open(log, "wb") as f:
-                rc = subprocess.run(bench_command(server.port, served, model_path,
-                                                  prompts[rate], s, rate, out), stdout=f, stderr=subprocess.STDOUT,
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
                                     timeout=s.bench_timeout).returncode
             if rc != 0 or not out.exists():
                 raise SystemExit(f"{method} at {rate} req/s: vllm bench serve exited with {rc}:\n"
                                  + log.read_text(errors="replace")[-3000:])
-            cells.append((rate, cell(json.loads(out.read_text()))))
+            done(rate, cell(json.loads(out.read_text())), start_s)
     finally:
         server.stop()
-    return cells, start_s
 
 
 def rate_name(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"
 
 
-def summarize(records: list[dict[str, Any]], s: Settings) -> list[dict[str, Any]]:
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (method, rate), with output throughput over plain decoding's at the same
     rate and how many answers are identical to plain decoding's."""
     plain = {r["rate"]: r for r in records if r["method"] == PLAIN}
@@ -267,17 +266,19 @@ def run(s: Settings, out_json: Path, resume: bool = False) -> dict[str, Any]:
         todo = [r for r in s.request_rates if (method, r) not in done]
         if not todo:
             continue
-        cells, start_s = run_method(method, s, model_path, prompts, work, todo)
-        for rate, c in cells:
+
+        def finished(rate: float, c: dict[str, Any], start_s: float, method: str = method) -> None:
             rec = {"settings": s.key(), "method": method, "rate": rate, "start_s": start_s, **c}
             append_jsonl(log_path, {**rec, "rate": str(rate)})
             done[(method, rate)] = rec
             bar.update(1)
             bar.set_postfix_str(f"{method} @ {rate_name(rate)}: "
                                 f"{c['output_throughput']:.1f} tok/s")
+
+        run_method(method, s, model_path, prompts, work, todo, finished)
     bar.close()
     records = [{**done[(m, r)], "rate": float(r)} for m in methods for r in s.request_rates]
-    rows = summarize(records, s)
+    rows = summarize(records)
     result = {"settings": s.key(), "command": " ".join(sys.argv), "rows": rows,
               "table": table(rows), "logs": str(work)}
     out_json.parent.mkdir(parents=True, exist_ok=True)
