@@ -17,7 +17,9 @@ learns, from the steps themselves:
   squares whose plain and drafted samples forget each at its own pace (``StepFit``); while
   drafting wins by little, one step in 32 decodes plainly to keep the plain steps timed
   (a gate that drafted on every step once took what a drafted step adds for part of the
-  plain step: Chimera on HumanEval predicted 1.19x and ran at 0.96x);
+  plain step: Chimera on HumanEval predicted 1.19x and ran at 0.96x), and one in 256 while
+  it wins by more (plain steps timed only in a slow warm-up otherwise priced every later
+  decision);
 * c_d, the drafter's own time per draft token (timed around the draft call; a proposer
   that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
   class its own c_d, and the rest of the call is shared by the other tokens);
@@ -93,6 +95,11 @@ class CostGateConfig:
     # and o (StepFit) stay apart (at most (gain - 1) / 32 of the time)
     reverse_every: int = 32
     reverse_below: float = 1.5
+    # ... and, while it is predicted to win by more, when that step is reverse_every_above
+    # steps old: plain steps timed only in the warm-up (a slow first few steps) would
+    # otherwise price every later decision, and a plain step priced too dear makes
+    # drafting look like it wins by more, so it is never timed again
+    reverse_every_above: int = 256
     # the step table (StepTable): a cell's mean forgets by table_forget per sample of its
     # own and by table_age per engine step; the line's value weighs as table_prior samples
     table_forget: float = 0.9
@@ -514,7 +521,8 @@ class CostGate:
         pays, 1 or 2 on that class's probe step (``_probe_length``), else 0; and 0 for
         every class on a plain probe (one step in ``reverse_every`` while drafting wins by
         little: without plain steps a step line fitted only to drafted steps takes what
-        drafting adds to a step for part of the plain step, and overrates drafting)."""
+        drafting adds to a step for part of the plain step, and overrates drafting; one in
+        ``reverse_every_above`` while it wins by more)."""
         self.batch = max(1, int(n))
         if self.steps < self._plain_until and self.batch == self._plain_batch and \
                 all(self.steps < e.next_probe for e in self.classes.values()):
@@ -545,8 +553,8 @@ class CostGate:
             if self._counts(name):
                 top, top_gain = max(top, d), max(top_gain, gain)
         c = self.cfg
-        if top and warm and top_gain < c.reverse_below and \
-                self.steps - self.last_plain >= c.reverse_every:
+        every = c.reverse_every if top_gain < c.reverse_below else c.reverse_every_above
+        if top and warm and self.steps - self.last_plain >= every:
             top, self.last_plain = 0, self.steps  # (timed at the next record())
             self.plain_probes += 1
             for e in self.classes.values():
