@@ -94,23 +94,23 @@ def test_cells_are_logged_as_they_finish_and_resume_skips_them(monkeypatch, tmp_
     def fake(method, s, model_path, prompts, work, todo, done):
         calls.append((method, list(todo)))
         for rate in todo:
-            if method == "suffix" and rate == math.inf and fail:
-                raise SystemExit("suffix at inf: exited with 1")
+            if method == "ngrammys" and rate == math.inf and fail:
+                raise SystemExit("ngrammys at inf: exited with 1")
             done(rate, record(method, rate, 100.0, 20.0, ["a"]), 1.0)
 
     monkeypatch.setattr(sb, "run_method", fake)
-    _, s = sb.parse_args(["--json", "x", "--methods", "suffix", "--request-rates", "1,inf"])
+    _, s = sb.parse_args(["--json", "x", "--methods", "ngrammys", "--request-rates", "1,inf"])
     out = tmp_path / "r.json"
     fail = True
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="ngrammys at inf"):
         sb.run(s, out)
     logged = [json.loads(line) for line in out.with_suffix(".log.jsonl").read_text().splitlines()]
     assert [(r["method"], r["rate"]) for r in logged] == [
-        ("baseline", "1.0"), ("baseline", "inf"), ("suffix", "1.0")]
+        ("baseline", "1.0"), ("baseline", "inf"), ("ngrammys", "1.0")]
     fail, calls[:] = False, []
     result = sb.run(s, out, resume=True)
-    assert calls == [("suffix", [math.inf])]  # only the cell the log lacks
+    assert calls == [("ngrammys", [math.inf])]  # only the cell the log lacks
     assert len(result["rows"]) == 4 and out.exists()
-    _, other = sb.parse_args(["--json", "x", "--methods", "suffix", "--max-tokens", "7"])
+    _, other = sb.parse_args(["--json", "x", "--methods", "ngrammys", "--max-tokens", "7"])
     with pytest.raises(SystemExit, match="other settings"):
         sb.run(other, out, resume=True)
