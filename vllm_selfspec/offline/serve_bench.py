@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_selfspec.offline.bench import NGRAM_DEFAULTS, VLLM_METHODS, _check_suffix_installed
-from vllm_selfspec.offline.serve_check import HOST, Server
+from vllm_selfspec.offline.serve_check import HOST, Server, method_configs
 
 PLAIN = "baseline"
 PERCENTILES = (50, 99)
@@ -305,13 +305,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     p.add_argument("--json", dest="json_out", required=True)
     p.add_argument("--resume", action="store_true", help="skip the cells OUT.log.jsonl holds")
     a = p.parse_args(argv)
-    configs: dict[str, dict[str, Any]] = {}
-    for c in a.method_config:
-        name, _, js = c.partition("=")
-        try:
-            configs[name] = json.loads(js)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"--method-config {name}: invalid JSON ({e})") from None
+    def refuse(message: str) -> None:
+        raise SystemExit(message)
+
+    configs = method_configs(a.method_config, refuse)
     try:
         rates = tuple(float(r) for r in a.request_rates.split(",") if r.strip())
     except ValueError:

@@ -902,6 +902,18 @@ def run(s: Settings, log_path: Path | None = None, resume: bool = False) -> dict
             "settings": s.key(), "prompts": prompts, "log_dir": str(log_dir)}
 
 
+def method_configs(items: list[str], fail: Callable[[str], Any]) -> dict[str, dict[str, Any]]:
+    """``--method-config METHOD=JSON`` items as {method: config}; ``fail(message)`` on bad JSON."""
+    configs: dict[str, dict[str, Any]] = {}
+    for c in items:
+        name, _, js = c.partition("=")
+        try:
+            configs[name] = json.loads(js)
+        except json.JSONDecodeError as e:
+            fail(f"--method-config {name}: invalid JSON ({e})")
+    return configs
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Settings]:
     d = Settings()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -945,13 +957,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     for m in names:
         if methods.lookup(m) is None and m != PLAIN:
             p.error(f"unknown method '{m}'; choose from {', '.join(methods.METHODS)}")
-    configs: dict[str, dict[str, Any]] = {}
-    for c in a.method_config:
-        name, _, js = c.partition("=")
-        try:
-            configs[name] = json.loads(js)
-        except json.JSONDecodeError as e:
-            p.error(f"--method-config {name}: invalid JSON ({e})")
+    configs = method_configs(a.method_config, p.error)
 
     def names_of(v: str, known: Any) -> tuple[str, ...] | None:
         if v == "all":
