@@ -128,18 +128,26 @@ def resolve_swift_artifacts(opts: dict[str, Any], info: ModelInfo, core: dict[st
 
 
 def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
-    """LayerSkip: the early exit as a skip mask over layers exit_layer..L-1
-    (default: a quarter of the depth). Fixes ``opts["exit_layer"]``."""
-    from vllm_selfspec.proposers.layerskip import default_exit_layer, early_exit_mask
+    """LayerSkip: the early exit as a skip mask over layers exit_layer..L-1. Without
+    ``exit_layer`` the proposer chooses the exit while serving (proposers.layerskip); the
+    mask it starts from, and keeps without the cost gate, is a quarter of the depth."""
+    from vllm_selfspec.proposers.layerskip import (
+        candidate_exits,
+        default_exit_layer,
+        early_exit_mask,
+    )
 
-    if opts.get("exit_layer") is None:
-        opts["exit_layer"] = default_exit_layer(info.num_layers)
-        how = "no exit_layer given; a quarter of the depth"
+    given = opts.get("exit_layer")
+    exit_layer = default_exit_layer(info.num_layers) if given is None else int(given)
+    mask = early_exit_mask(exit_layer, info.num_layers)
+    if given is None:
+        logger.info("vllm_selfspec: layerskip chooses its exit while serving among layers %s "
+                    "of %d (the cost gate's measured gain; %d without the gate)",
+                    ", ".join(map(str, candidate_exits(info.num_layers))), info.num_layers,
+                    exit_layer)
     else:
-        how = "exit_layer"
-    mask = early_exit_mask(int(opts["exit_layer"]), info.num_layers)
-    logger.info("vllm_selfspec: layerskip drafts with the first %d of %d layers (%s)",
-                opts["exit_layer"], info.num_layers, how)
+        logger.info("vllm_selfspec: layerskip drafts with the first %d of %d layers (exit_layer)",
+                    exit_layer, info.num_layers)
     return mask
 
 

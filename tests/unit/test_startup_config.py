@@ -192,11 +192,12 @@ def test_ngrammys_bad_keys(model_path, spec, match):
 
 def test_layerskip_exit_layer_default_and_mask(model_path):
     """LayerSkip §4.2: the draft is layers 0..E-1 + final norm + LM head, i.e. a skip
-    mask over every sub-layer from E on; E defaults to a quarter of the depth."""
+    mask over every sub-layer from E on. Without exit_layer the proposer chooses E while
+    serving (the key stays unset), starting from a quarter of the depth."""
     cfg = _config(model_path, {"method": "layerskip"})
     assert cfg.speculative_config.num_speculative_tokens == 6
     opts = cfg.additional_config[PLUGIN_KEY]
-    assert opts["method"] == "layerskip" and opts["exit_layer"] == 8
+    assert opts["method"] == "layerskip" and opts["exit_layer"] is None
     mask = opts["artifacts"]["skip_mask"]
     assert mask["attention"] == list(range(8, 30)) == mask["mlp"]
     assert opts["writes_target_kv"] and cfg.num_lookahead_tokens == 6

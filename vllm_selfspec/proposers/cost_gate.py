@@ -620,9 +620,12 @@ class CostGate:
                             if self._counts(name)) else PLAIN
 
     def describe(self) -> str:
-        if self.t0 is None or self.c_draft is None:
+        timed = any(e.c_draft is not None for e in self.classes.values())
+        if self.t0 is None or (self.c_draft is None and not timed):
             return "cost gate: measuring"
         t0, cv, co = self.t0 or 1.0, self.c_verify or 0.0, self.c_overhead or 0.0
+        # a proposer that times every class itself leaves no call-wide draft cost
+        shared = "" if self.c_draft is None else f"draft token {self.c_draft / t0:.2f} steps, "
         parts = []
         for name in self.classes:
             if not self._counts(name):
@@ -633,7 +636,7 @@ class CostGate:
             cost = f" at {own / t0:.2f} steps a token" if own is not None else ""
             parts.append(f"{name or 'drafts'} {curve}{cost} -> "
                          f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
-        return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, draft "
-                f"token {self.c_draft / t0:.2f} steps, verify +{cv / t0:.3f}, a drafted step "
+        return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, "
+                f"{shared}verify +{cv / t0:.3f}, a drafted step "
                 f"+{co / t0:.3f}; acceptance "
                 + "; ".join(parts))

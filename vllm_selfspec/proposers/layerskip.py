@@ -19,12 +19,30 @@ so the first E layers are recomputed over the d drafts (paper Table 6: 5-12% of
 the time per token on CPU).
 With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
 (as in ``draft_verify``).
+
+Choosing E. The paper picks the exit per model by a sweep (§5, the authors' ``sweep.py``):
+a quarter of the depth suits its early-exit-trained checkpoints, while a model not trained
+for it agrees with itself only near the top (SmolLM2: 5% at 8 of 30 layers, 60% at 29;
+docs/results.md). Without ``exit_layer`` the sweep runs while serving: each candidate
+exit (``candidate_exits``) drafts as its own evidence class of the cost gate
+(proposers.cost_gate), which measures what its draft tokens cost and how often they are
+accepted, and every step drafts through the exit the gate predicts pays most; an exit not
+drafted yet goes first, and one on its probe step is worth trying (``CostGate.worth``).
+Without the gate (or under tensor parallelism, where it does not rank classes) the exit
+is a quarter of the depth.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from dataclasses import dataclass
+from typing import Any
 
+import torch
+
+from .base import DraftBatch, Proposal
 from .draft_exit import DraftExitConfig
 from .draft_verify import SelfSpecProposer
 from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
@@ -35,6 +53,20 @@ def default_exit_layer(num_layers: int) -> int:
     """A quarter of the depth: the exit of LayerSkip's llama3.2-1B (4 of 16) and
     llama2-7B (8 of 32) examples."""
     return max(1, round(num_layers / 4))
+
+
+def candidate_exits(num_layers: int) -> tuple[int, ...]:
+    """The exits the search while serving tries, deepest first: a quarter of the depth
+    (the paper's examples), half and three quarters of it, and the two layers under the
+    top (L-2, L-1). L itself is not an early exit: that draft is the model (``selfspec``)."""
+    L = num_layers
+    found = {default_exit_layer(L), round(L / 2), round(3 * L / 4), L - 2, L - 1}
+    return tuple(sorted((e for e in found if 1 <= e < L), reverse=True))
+
+
+def exit_class(exit_layer: int) -> str:
+    """The cost gate's evidence class of the drafts of exit ``exit_layer``."""
+    return f"exit-{exit_layer}"
 
 
 def early_exit_mask(exit_layer: int, num_layers: int) -> SkipMask:
@@ -63,7 +95,9 @@ class LayerSkipOptions(DraftSamplerOptions):
 
     exit_layer: int | None = option(
         None, "E: the draft runs layers 0..E-1, then the final norm and LM head (an integer in "
-        "[1, L]; L drafts with the whole model). Default: a quarter of the layers", "int", 1,
+        "[1, L]; L drafts with the whole model). Default: chosen while serving among "
+        "candidate exits by the cost gate's measured gain (a quarter of the layers without "
+        "the gate)", "int", 1,
         None, symbol="E")
     stop_threshold: float = option(
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: always "
@@ -77,6 +111,53 @@ class EarlyExitProposer(SelfSpecProposer):
 
     options_class = LayerSkipOptions
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.exits: tuple[int, ...] = ()  # candidates of the search (none: E is fixed)
+        self.masks: dict[int, SkipMask] = {}
+        self.by_exit: dict[int, list[int]] = {}  # E -> [steps drafted, tokens drafted]
+
+    def bind(self, target: Any) -> None:
+        super().bind(target)
+        if self.cfg.exit_layer is None:  # no exit given: search among the candidates
+            L = int(target.num_layers)
+            self.exits = candidate_exits(L)
+            self.masks = {e: early_exit_mask(e, L) for e in self.exits}
+
+    def _choose(self, batch: DraftBatch) -> int:
+        """The exit to draft through this step: one not drafted yet (deepest first), else
+        the one whose evidence class the cost gate predicts pays most (ties: deeper)."""
+        assert batch.worth is not None
+        best, best_w = self.exits[0], -math.inf
+        for e in self.exits:
+            w = batch.worth(exit_class(e)) if e in self.by_exit else math.inf
+            if w > best_w:
+                best, best_w = e, w
+        return best
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> Proposal:
+        if not self.exits or batch.worth is None:
+            return super().propose(batch)
+        e = self._choose(batch)
+        name = exit_class(e)
+        self.mask = self.masks[e]
+        reqs = [dataclasses.replace(r, max_len=batch.cap(r, name)) for r in batch.requests]
+        reqs = [r for r in reqs if r.max_len > 0]
+        if not reqs:
+            return Proposal([[] for _ in batch.req_ids])
+        t0 = time.perf_counter()
+        out = super().propose(DraftBatch(batch.req_ids, reqs, batch.token_ids,
+                                         batch.num_tokens))
+        n = sum(len(d) for d in out.drafts)
+        if n:
+            row = self.by_exit.setdefault(e, [0, 0])
+            row[0] += 1
+            row[1] += n
+        out.evidence = [name if d else "" for d in out.drafts]
+        out.timed = {name: (n, time.perf_counter() - t0)}
+        return out
+
     def draft_exit_config(self) -> DraftExitConfig:
         return fixed_speculations(self.cfg.stop_threshold)
 
@@ -87,5 +168,17 @@ class EarlyExitProposer(SelfSpecProposer):
     def describe(self) -> str:
         stop = (f"stop below top-1 probability {self.exit.threshold:.2f}" if self.exit.threshold > 0
                 else "no confidence stop")
-        return (f"layerskip: {self.mask.source}, up to {self.k} draft tokens, "
+        chosen = ""
+        if self.exits:
+            used = ", ".join(f"{e}: {n[0]} steps" for e, n in sorted(self.by_exit.items(),
+                                                                     reverse=True))
+            chosen = (f" (chosen while serving among exits {', '.join(map(str, self.exits))}; "
+                      f"drafted at {used or 'none yet'})")
+        return (f"layerskip: {self.mask.source}{chosen}, up to {self.k} draft tokens, "
                 f"{stop}{self.describe_vocab()}")
+
+    def report(self) -> dict[str, Any]:
+        """The exit search: candidates and, per exit, steps and tokens drafted through it."""
+        return {**super().report(), "exit_candidates": list(self.exits),
+                "drafted_by_exit": {str(e): {"steps": n[0], "tokens": n[1]}
+                                    for e, n in sorted(self.by_exit.items(), reverse=True)}}
