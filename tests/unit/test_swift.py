@@ -247,7 +247,7 @@ def test_keys_have_the_paper_defaults():
     assert (o["context_window"], o["bayes_interval"], o["max_opt_iter"],
             o["max_tolerance_iter"], o["max_score"], o["stop_threshold"]) == \
         (32, 25, 1000, 300, 0.95, 0.8)
-    assert (o["skip_ratio"], o["draft_weights"]) == (0.1, "w8a8")
+    assert (o["skip_ratio"], o["draft_weights"]) == (0.05, "w8a8")
 
 
 @pytest.mark.parametrize("cfg,frag", [

@@ -58,7 +58,7 @@ class SwiftOptions(CommonOptions):
     """Method ``swift``'s keys (defaults: SWIFT §5.1 and the authors' code)."""
 
     skip_ratio: float = option(
-        0.1, "share r of the 2(L-2) inner sub-layers every layer set skips (first and last "
+        0.05, "share r of the 2(L-2) inner sub-layers every layer set skips (first and last "
         "layers are never skipped; the paper's 0.45 is for 13B+ models with full-precision "
         "drafts: with low-bit draft weights a skipped sub-layer saves little and costs "
         "acceptance)", "float", 0.0, 1.0, low_open=True, high_open=True, symbol="r")
