@@ -10,6 +10,8 @@ import torch
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.cost_gate import CostGate
 from vllm_selfspec.proposers.layerskip import (
+    EXPLORE_STEPS,
+    RETRY_EVERY,
     EarlyExitProposer,
     candidate_exits,
     default_exit_layer,
@@ -124,7 +126,9 @@ def test_the_exit_is_chosen_by_the_cost_gates_measured_gain():
     gate = serve(p, target, 400)
     assert set(p.by_exit) == {7, 6, 4, 2}
     steps = {e: n[0] for e, n in p.by_exit.items()}
-    assert steps[7] > 0.8 * sum(steps.values()), steps
+    assert steps[7] > 0.7 * sum(steps.values()), steps
+    # the runner-up pays too: it had its steps to be judged, and is tried again later
+    assert steps[6] > EXPLORE_STEPS and p.retry_every[6] > RETRY_EVERY, (steps, p.retry_every)
     assert gate.best(evidence=exit_class(7))[0] > 0  # it pays ...
     # ... more than any other exit, as the gate predicts (the others from a few drafts)
     assert all(gate.worth(exit_class(7)) > gate.worth(exit_class(e)) for e in (6, 4, 2))

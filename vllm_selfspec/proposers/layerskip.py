@@ -26,8 +26,10 @@ for it agrees with itself only near the top (SmolLM2: 5% at 8 of 30 layers, 60% 
 docs/results.md). Without ``exit_layer`` the sweep runs while serving: each candidate
 exit (``candidate_exits``) drafts as its own evidence class of the cost gate
 (proposers.cost_gate), which measures what its draft tokens cost and how often they are
-accepted, and every step drafts through the exit the gate predicts pays most; an exit not
-drafted yet goes first, and one on its probe step is worth trying (``CostGate.worth``).
+accepted, and every step drafts through the exit the gate predicts pays most. Among the
+exits the gate lets draft, each first gets a few steps of its own, and one not chosen is
+tried again now and then, at doubling intervals; one on its probe step is worth trying
+(``CostGate.worth``).
 Without the gate (or under tensor parallelism, where it does not rank classes) the exit
 is a quarter of the depth.
 """
@@ -53,6 +55,11 @@ def default_exit_layer(num_layers: int) -> int:
     """A quarter of the depth: the exit of LayerSkip's llama3.2-1B (4 of 16) and
     llama2-7B (8 of 32) examples."""
     return max(1, round(num_layers / 4))
+
+
+EXPLORE_STEPS = 16  # drafting steps every candidate exit gets before the gate's figures choose
+RETRY_EVERY = 64  # then one not chosen drafts again after this many drafting steps ...
+MAX_RETRY_EVERY = 1024  # ... doubling up to this
 
 
 def candidate_exits(num_layers: int) -> tuple[int, ...]:
@@ -116,6 +123,9 @@ class EarlyExitProposer(SelfSpecProposer):
         self.exits: tuple[int, ...] = ()  # candidates of the search (none: E is fixed)
         self.masks: dict[int, SkipMask] = {}
         self.by_exit: dict[int, list[int]] = {}  # E -> [steps drafted, tokens drafted]
+        self.drafting_steps = 0  # steps that drafted through any exit
+        self.retry_at: dict[int, int] = {}  # E -> drafting step of its next retry
+        self.retry_every: dict[int, int] = {}
 
     def bind(self, target: Any) -> None:
         super().bind(target)
@@ -125,12 +135,28 @@ class EarlyExitProposer(SelfSpecProposer):
             self.masks = {e: early_exit_mask(e, L) for e in self.exits}
 
     def _choose(self, batch: DraftBatch) -> int:
-        """The exit to draft through this step: one not drafted yet (deepest first), else
-        the one whose evidence class the cost gate predicts pays most (ties: deeper)."""
+        """The exit to draft through this step, among those the cost gate lets draft: one
+        with fewer than ``EXPLORE_STEPS`` drafting steps (deepest first), else one due its
+        retry (each candidate not chosen drafts again after ``RETRY_EVERY`` drafting steps,
+        doubling: a few early drafts, a slow first call, must not judge an exit for good),
+        else the one whose evidence class the gate predicts pays most (ties: deeper)."""
         assert batch.worth is not None
-        best, best_w = self.exits[0], -math.inf
-        for e in self.exits:
-            w = batch.worth(exit_class(e)) if e in self.by_exit else math.inf
+        lim = batch.limit
+        open_ = [e for e in self.exits if lim is None or lim(exit_class(e)) > 0]
+        if not open_:
+            return self.exits[0]
+        for e in open_:
+            if self.by_exit.get(e, [0, 0])[0] < EXPLORE_STEPS:
+                return e
+        for e in open_:
+            if self.drafting_steps >= self.retry_at.get(e, RETRY_EVERY):
+                every = self.retry_every.get(e, RETRY_EVERY)
+                self.retry_at[e] = self.drafting_steps + every
+                self.retry_every[e] = min(2 * every, MAX_RETRY_EVERY)
+                return e
+        best, best_w = open_[0], -math.inf
+        for e in open_:
+            w = batch.worth(exit_class(e))
             if w > best_w:
                 best, best_w = e, w
         return best
@@ -151,6 +177,7 @@ class EarlyExitProposer(SelfSpecProposer):
                                          batch.num_tokens))
         n = sum(len(d) for d in out.drafts)
         if n:
+            self.drafting_steps += 1
             row = self.by_exit.setdefault(e, [0, 0])
             row[0] += 1
             row[1] += n
