@@ -22,8 +22,7 @@ With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
 
 Choosing E. The paper picks the exit per model by a sweep (§5, the authors' ``sweep.py``):
 a quarter of the depth suits its early-exit-trained checkpoints, while a model not trained
-for it agrees with itself only near the top (SmolLM2: 5% at 8 of 30 layers, 60% at 29;
-docs/results.md). Without ``exit_layer`` the sweep runs while serving: each candidate
+for it agrees with itself only near the top (docs/results.md). Without ``exit_layer`` the sweep runs while serving: each candidate
 exit (``candidate_exits``) drafts as its own evidence class of the cost gate
 (proposers.cost_gate), which measures what its draft tokens cost and how often they are
 accepted, and every step drafts through the exit the gate predicts pays most. Among the
