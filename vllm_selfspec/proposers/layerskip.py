@@ -22,8 +22,8 @@ With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
 
 Choosing E. The paper picks the exit per model by a sweep (§5, the authors' ``sweep.py``):
 a quarter of the depth suits its early-exit-trained checkpoints, while a model not trained
-for it agrees with itself only near the top (docs/results.md). Without ``exit_layer`` the sweep runs while serving: each candidate
-exit (``candidate_exits``) drafts as its own evidence class of the cost gate
+for it agrees with itself only near the top (docs/results.md). Without ``exit_layer`` the
+sweep runs while serving: each candidate exit (``candidate_exits``) drafts as its own evidence class of the cost gate
 (proposers.cost_gate), which measures what its draft tokens cost and how often they are
 accepted, and every step drafts through the exit the gate predicts pays most. Among the
 exits the gate lets draft, each first gets a few steps of its own, and one not chosen is
@@ -121,10 +121,11 @@ class EarlyExitProposer(SelfSpecProposer):
         super().__init__(*args, **kwargs)
         self.exits: tuple[int, ...] = ()  # candidates of the search (none: E is fixed)
         self.masks: dict[int, SkipMask] = {}
+        self.names: dict[int, str] = {}  # E -> its evidence class (exit_class), made once
         self.by_exit: dict[int, list[int]] = {}  # E -> [steps drafted, tokens drafted]
         self.drafting_steps = 0  # steps that drafted through any exit
+        self.retry_every: dict[int, int] = {}  # E -> its retry interval (drafting steps)
         self.retry_at: dict[int, int] = {}  # E -> drafting step of its next retry
-        self.retry_every: dict[int, int] = {}
 
     def bind(self, target: Any) -> None:
         super().bind(target)
@@ -132,6 +133,7 @@ class EarlyExitProposer(SelfSpecProposer):
             L = int(target.num_layers)
             self.exits = candidate_exits(L)
             self.masks = {e: early_exit_mask(e, L) for e in self.exits}
+            self.names = {e: exit_class(e) for e in self.exits}
 
     def _choose(self, batch: DraftBatch) -> int:
         """The exit to draft through this step, among those the cost gate lets draft: one
@@ -140,12 +142,13 @@ class EarlyExitProposer(SelfSpecProposer):
         doubling: a few early drafts, a slow first call, must not judge an exit for good),
         else the one whose evidence class the gate predicts pays most (ties: deeper)."""
         assert batch.worth is not None
-        lim = batch.limit
-        open_ = [e for e in self.exits if lim is None or lim(exit_class(e)) > 0]
+        lim, names = batch.limit, self.names
+        open_ = [e for e in self.exits if lim is None or lim(names[e]) > 0]
         if not open_:
             return self.exits[0]
         for e in open_:
-            if self.by_exit.get(e, [0, 0])[0] < EXPLORE_STEPS:
+            row = self.by_exit.get(e)
+            if row is None or row[0] < EXPLORE_STEPS:
                 return e
         for e in open_:
             if self.drafting_steps >= self.retry_at.get(e, RETRY_EVERY):
@@ -155,7 +158,7 @@ class EarlyExitProposer(SelfSpecProposer):
                 return e
         best, best_w = open_[0], -math.inf
         for e in open_:
-            w = batch.worth(exit_class(e))
+            w = batch.worth(names[e])
             if w > best_w:
                 best, best_w = e, w
         return best
@@ -165,7 +168,7 @@ class EarlyExitProposer(SelfSpecProposer):
         if not self.exits or batch.worth is None:
             return super().propose(batch)
         e = self._choose(batch)
-        name = exit_class(e)
+        name = self.names[e]
         self.mask = self.masks[e]
         reqs = [dataclasses.replace(r, max_len=batch.cap(r, name)) for r in batch.requests]
         reqs = [r for r in reqs if r.max_len > 0]
