@@ -22,12 +22,36 @@ def prompts(model_path: str, num: int = NUM_PROMPTS, dataset: str = "mtbench") -
             for p in load_prompts(dataset, tok, "test", num, max_prompt_tokens=400)]
 
 
+IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
 def make_llm(model_path: str, **kw: Any) -> Any:
+    """An engine with ENGINE_KW (``kw`` on top), its EngineCore in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as tools/bench.py runs engines): it starts in
+    2-3 s, against 16-23 s for an EngineCore process that imports torch and vLLM again, and
+    the engine modules start about 25 engines. Each method also runs in vLLM's own
+    processes, through ``vllm serve`` (test_serve.py, tests/serving). The variable is set
+    only while the engine starts, and vLLM's cache of environment variables (filled by an
+    in-process EngineCore, ``vllm.envs.enable_envs_cache``) is dropped after, so servers
+    started later and tests that set vLLM variables see the environment as it is."""
+    import os
+
+    import vllm.envs as envs
+
     from vllm_selfspec import LLM
     from vllm_selfspec.offline.spec_metrics import engine_args
 
     kw = {**ENGINE_KW, **kw}
-    return LLM(model_path, **engine_args(kw), **kw)
+    saved = os.environ.get(IN_PROCESS)
+    os.environ[IN_PROCESS] = "0"
+    try:
+        return LLM(model_path, **engine_args(kw), **kw)
+    finally:
+        if saved is None:
+            os.environ.pop(IN_PROCESS, None)
+        else:
+            os.environ[IN_PROCESS] = saved
+        envs.disable_envs_cache()
 
 
 def token_ids(outputs: list[Any]) -> list[list[int]]:
@@ -35,11 +59,26 @@ def token_ids(outputs: list[Any]) -> list[list[int]]:
 
 
 def shutdown(llm: Any) -> None:
-    """Stop the engine's processes now (module fixtures end one engine at a time)."""
+    """Stop an engine now (module fixtures end one engine at a time). Its EngineCore runs
+    in this process (make_llm): ``EngineCore.shutdown`` (vLLM 0.32 ``v1/engine/core.py``)
+    would end with ``cleanup_dist_env_and_memory``, which tears down the process's
+    torch.distributed groups that every in-process engine shares, and a module's engine
+    still alive then fails its next step. So the steps before it are taken here, and the
+    client's finalizer, which would take them all when the engine is collected, is
+    detached. An engine in its own processes is shut down whole."""
+    client = llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)  # InprocClient: the EngineCore itself
     try:
-        llm.llm_engine.engine_core.shutdown()
+        if core is None:
+            client.shutdown()
+        else:
+            client._finalizer.detach()
+            core.structured_output_manager.clear_backend()
+            core.model_executor.shutdown()
+            core.scheduler.shutdown()
     except Exception:
         pass
+    gc.unfreeze()  # EngineCore's start froze the heap (gc.freeze), the engine included
     gc.collect()
 
 
@@ -128,15 +167,15 @@ SAMPLING_SETTINGS = {"t1": dict(temperature=1.0), "top": dict(temperature=1.0, t
                                                                top_k=20)}
 
 
-def sample_continuations(llm: Any, prompt: Any, setting: str, offset: int = 0
-                         ) -> list[tuple[int, ...]]:
-    """SAMPLES continuations of SAMPLE_TOKENS tokens of ``prompt`` under ``setting``
-    (seeds ``offset`` ... ``offset + SAMPLES - 1``)."""
+def sample_continuations(llm: Any, prompt: Any, setting: str, offset: int = 0,
+                         count: int = SAMPLES) -> list[tuple[int, ...]]:
+    """``count`` continuations of SAMPLE_TOKENS tokens of ``prompt`` under ``setting``
+    (seeds ``offset`` ... ``offset + count - 1``)."""
     from vllm import SamplingParams
 
     sps = [SamplingParams(max_tokens=SAMPLE_TOKENS, ignore_eos=True, seed=offset + i,
-                          **SAMPLING_SETTINGS[setting]) for i in range(SAMPLES)]
-    outs = llm.generate([prompt] * SAMPLES, sps, use_tqdm=False)
+                          **SAMPLING_SETTINGS[setting]) for i in range(count)]
+    outs = llm.generate([prompt] * count, sps, use_tqdm=False)
     return [tuple(o.outputs[0].token_ids) for o in outs]
 
 
@@ -144,13 +183,15 @@ def homogeneity_p(a: list[tuple[int, ...]], b: list[tuple[int, ...]], min_expect
                   ) -> float:
     """p-value of a chi-square test that two samples of continuations come from one
     distribution: outcomes seen often enough in the pooled sample are their own bins (an
-    expected count of at least ``min_expected`` in each sample), the rest one bin."""
+    expected count of at least ``min_expected`` in each sample, the smaller one included),
+    the rest one bin."""
     from collections import Counter
 
     from scipy.stats import chi2_contingency
 
     pooled = Counter(a) + Counter(b)
-    keep = [k for k, c in pooled.most_common() if c / 2 >= min_expected]
+    share = min(len(a), len(b)) / (len(a) + len(b))  # of a pooled count, in the smaller
+    keep = [k for k, c in pooled.most_common() if c * share >= min_expected]
     ca, cb = Counter(a), Counter(b)
     rows = [[ca[k] for k in keep] + [len(a) - sum(ca[k] for k in keep)],
             [cb[k] for k in keep] + [len(b) - sum(cb[k] for k in keep)]]
