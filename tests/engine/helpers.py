@@ -27,13 +27,16 @@ IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 def make_llm(model_path: str, **kw: Any) -> Any:
     """An engine with ENGINE_KW (``kw`` on top), its EngineCore in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as tools/bench.py runs engines): it starts in
-    2-3 s, against 16-23 s for an EngineCore process that imports torch and vLLM again, and
-    the engine modules start about 25 engines. Each method also runs in vLLM's own
-    processes, through ``vllm serve`` (test_serve.py, tests/serving). The variable is set
-    only while the engine starts, and vLLM's cache of environment variables (filled by an
-    in-process EngineCore, ``vllm.envs.enable_envs_cache``) is dropped after, so servers
-    started later and tests that set vLLM variables see the environment as it is."""
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as tools/bench.py runs engines): the engine
+    modules start about 25 engines, and an EngineCore process imports torch and vLLM again
+    at each start (the two start times: README, "Two commands"). Each method also runs in
+    vLLM's own processes, through ``vllm serve`` (test_serve.py, tests/serving). The
+    variable holds only while the engine starts. Then the environment is put back as it
+    was: what vLLM's worker and the libraries it imports set for their engine (its
+    shared-memory names, ``LD_LIBRARY_PATH``, ...) would otherwise reach every server
+    started later. vLLM's cache of environment variables (filled by an in-process
+    EngineCore, ``vllm.envs.enable_envs_cache``) is dropped too, so tests that set vLLM
+    variables are read."""
     import os
 
     import vllm.envs as envs
@@ -42,15 +45,13 @@ def make_llm(model_path: str, **kw: Any) -> Any:
     from vllm_selfspec.offline.spec_metrics import engine_args
 
     kw = {**ENGINE_KW, **kw}
-    saved = os.environ.get(IN_PROCESS)
+    before = dict(os.environ)
     os.environ[IN_PROCESS] = "0"
     try:
         return LLM(model_path, **engine_args(kw), **kw)
     finally:
-        if saved is None:
-            os.environ.pop(IN_PROCESS, None)
-        else:
-            os.environ[IN_PROCESS] = saved
+        os.environ.clear()
+        os.environ.update(before)
         envs.disable_envs_cache()
 
 
