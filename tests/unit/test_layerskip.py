@@ -101,10 +101,10 @@ def serve(p: EarlyExitProposer, target: ExitTarget, steps: int, gated: bool = Tr
     takes 4 ms, a verified draft token 0.1 ms more; draft i of exit E is accepted with
     probability agree[E] while every draft before it was."""
     rng = random.Random(seed)
-    gate, now, last = CostGate(k=p.k), 0.0, None
+    gate, clock, last = CostGate(k=p.k), target.clock, None
     for _ in range(steps):
         verified = last[0] if last else 0
-        gate.record(now, True, verified)
+        gate.record(clock.now, True, verified)
         if last is not None and last[0]:
             gate.observe(*last)
         limit = gate.plan(1) if gated else p.k
@@ -115,9 +115,9 @@ def serve(p: EarlyExitProposer, target: ExitTarget, steps: int, gated: bool = Tr
             batch = DraftBatch(["a"], [DraftRequest(0, "a", 100, 1, min(p.k, limit))],
                                limit=gate.limit if gated else None,
                                worth=gate.worth if gated else None)
-            t0 = target.clock.now
-            out = p.propose(batch)
-            secs = target.clock.now - t0
+            t0 = clock.now
+            out = p.propose(batch)  # the draft passes advance the clock
+            secs = clock.now - t0
             gate.drafted(len(out.drafts[0]), secs, out.timed)
             n = len(out.drafts[0])
             if n:
@@ -128,9 +128,7 @@ def serve(p: EarlyExitProposer, target: ExitTarget, steps: int, gated: bool = Tr
                 label = out.evidence[0] if out.evidence else ""
                 last = (n, accepted, label)
                 step += 0.0001 * n + 0.0004
-            now += secs
-        now += step
-        target.clock.now = now
+        clock.now += step
     return gate
 
 

@@ -23,9 +23,10 @@ With sampling, drafts are drawn from q and q goes to vLLM's rejection sampler
 Choosing E. The paper picks the exit per model by a sweep (§5, the authors' ``sweep.py``):
 a quarter of the depth suits its early-exit-trained checkpoints, while a model not trained
 for it agrees with itself only near the top (docs/results.md). Without ``exit_layer`` the
-sweep runs while serving: each candidate exit (``candidate_exits``) drafts as its own evidence class of the cost gate
-(proposers.cost_gate), which measures what its draft tokens cost and how often they are
-accepted, and every step drafts through the exit the gate predicts pays most. Among the
+sweep runs while serving: each candidate exit (``candidate_exits``) drafts as its own
+evidence class of the cost gate (proposers.cost_gate), which measures what its draft tokens
+cost and how often they are accepted, and every step drafts through the exit the gate
+predicts pays most. Among the
 exits the gate lets draft, each first gets a few steps of its own, and one not chosen is
 tried again now and then, at doubling intervals; one on its probe step is worth trying
 (``CostGate.worth``).
