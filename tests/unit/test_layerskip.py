@@ -56,6 +56,12 @@ def test_candidate_exits_are_early_exits_deepest_first():
     assert candidate_exits(1) == ()  # no early exit in a one-layer model
 
 
+def test_low_bit_draft_weights_make_the_whole_depth_a_candidate():
+    """Through a low-bit copy all L layers cost about what L-1 do: L is searched too."""
+    assert candidate_exits(30, low_bit=True) == (30, 29, 28, 22, 15, 8)
+    assert candidate_exits(1, low_bit=True) == (1,)
+
+
 class Clock:
     """Simulated seconds: the proposer's ``time.perf_counter`` in these tests, advanced by
     the fake target's draft passes (no sleeping: the figures do not depend on the load)."""
@@ -151,6 +157,20 @@ def test_the_exit_is_chosen_by_the_cost_gates_measured_gain(clock):
     assert all(gate.worth(exit_class(6)) > gate.worth(exit_class(e)) for e in (7, 4, 2))
     assert "chosen while serving among exits 7, 6, 4, 2" in p.describe()
     assert p.report()["drafted_by_exit"]["6"]["steps"] == steps[6]
+
+
+def test_through_low_bit_weights_the_whole_depth_is_searched_and_wins(clock):
+    """A target drafting through a low-bit copy (``low_bit`` set) has the whole depth among
+    the candidates; where it agrees with the model far more than the exits under it, at
+    about their cost, the search settles on it."""
+    target = ExitTarget({8: 0.95, 7: 0.5, 6: 0.4, 4: 0.05, 2: 0.02}, clock)
+    target.low_bit = object()
+    p = EarlyExitProposer(4, {}, Artifacts(skip_mask=early_exit_mask(2, 8)))
+    p.bind(target)
+    assert p.exits == (8, 7, 6, 4, 2)
+    serve(p, target, 400)
+    steps = {e: n[0] for e, n in p.by_exit.items()}
+    assert steps[8] > 0.7 * sum(steps.values()), steps
 
 
 def test_a_given_exit_or_no_gate_keeps_one_exit(clock):

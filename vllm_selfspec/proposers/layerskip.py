@@ -26,7 +26,8 @@ for it agrees with itself only near the top (docs/results.md). Without ``exit_la
 sweep runs while serving: each candidate exit (``candidate_exits``) drafts as its own
 evidence class of the cost gate (proposers.cost_gate), which measures what its draft tokens
 cost and how often they are accepted, and every step drafts through the exit the gate
-predicts pays most. Among the
+predicts pays most. With low-bit draft weights the whole depth is a candidate too
+(``candidate_exits``): the sweep's answer for a model not trained for early exit. Among the
 exits the gate lets draft, each first gets a few steps of its own, and one not chosen is
 tried again now and then, at doubling intervals; one on its probe step is worth trying
 (``CostGate.worth``).
@@ -62,13 +63,20 @@ RETRY_EVERY = 64  # then one not chosen drafts again after this many drafting st
 MAX_RETRY_EVERY = 1024  # ... doubling up to this
 
 
-def candidate_exits(num_layers: int) -> tuple[int, ...]:
+def candidate_exits(num_layers: int, low_bit: bool = False) -> tuple[int, ...]:
     """The exits the search while serving tries, deepest first: a quarter of the depth
     (the paper's examples), half and three quarters of it, and the two layers under the
-    top (L-2, L-1). L itself is not an early exit: that draft is the model (``selfspec``)."""
+    top (L-2, L-1). With the target's own weights L is not a candidate: that draft is the
+    model, as dear as the step it drafts for. With ``low_bit`` draft weights it is: all L
+    layers through the low-bit copy cost about what L-1 of them do, and a model not
+    trained for early exit agrees with itself most there (the exit re-chosen for the
+    cheaper pass, as the skip set is for ``selfspec``)."""
     L = num_layers
     found = {default_exit_layer(L), round(L / 2), round(3 * L / 4), L - 2, L - 1}
-    return tuple(sorted((e for e in found if 1 <= e < L), reverse=True))
+    if low_bit:
+        found.add(L)
+    top = L if low_bit else L - 1
+    return tuple(sorted((e for e in found if 1 <= e <= top), reverse=True))
 
 
 def exit_class(exit_layer: int) -> str:
@@ -132,7 +140,8 @@ class EarlyExitProposer(SelfSpecProposer):
         super().bind(target)
         if self.cfg.exit_layer is None:  # no exit given: search among the candidates
             L = int(target.num_layers)
-            self.exits = candidate_exits(L)
+            # a TargetView drafting through a low-bit copy (key draft_weights) has one
+            self.exits = candidate_exits(L, getattr(target, "low_bit", None) is not None)
             self.masks = {e: early_exit_mask(e, L) for e in self.exits}
             self.names = {e: exit_class(e) for e in self.exits}
 
