@@ -143,7 +143,9 @@ def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
     if given is None:
         logger.info("vllm_selfspec: layerskip chooses its exit while serving among layers %s "
                     "of %d (the cost gate's measured gain; %d without the gate)",
-                    ", ".join(map(str, candidate_exits(info.num_layers))), info.num_layers,
+                    ", ".join(map(str, candidate_exits(
+                        info.num_layers, opts.get("draft_weights", "full") != "full"))),
+                    info.num_layers,
                     exit_layer)
     else:
         logger.info("vllm_selfspec: layerskip drafts with the first %d of %d layers (exit_layer)",

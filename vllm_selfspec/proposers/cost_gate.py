@@ -71,7 +71,12 @@ class CostGateConfig:
     prior_weight: float = 2.0  # ... worth this many observations
     forget: float = 0.995  # acceptance counts decay by this per verification
     timing_weight: float = 0.1  # EMA weight of a new draft-time sample (after 1/it samples:
-    # before, the mean of the samples so far, so one slow first call is not worth ten)
+    # before, the mean of the samples so far, so one slow first call is not worth ten) ...
+    # ... except the first early_timing samples, whose smallest is the estimate: a slow
+    # first call (set-up on first use, a busy machine) priced at their mean made drafting
+    # look dear for hundreds of steps, and a gate that decodes plainly gets few samples to
+    # correct it; an estimate too low corrects itself within a few drafted steps
+    early_timing: int = 3
     ucb: float = 1.0  # standard deviations of optimism on a_i
     margin: float = 0.02  # draft when the predicted rate beats plain by this share
     warmup_steps: int = 4  # plain steps before the first probe (to know t0)
@@ -363,6 +368,8 @@ class CostGate:
         """A draft-time estimate after its ``samples``-th sample ``new``."""
         if old is None:
             return new
+        if samples <= self.cfg.early_timing:
+            return min(old, new)
         return old + max(self.cfg.timing_weight, 1.0 / samples) * (new - old)
 
     def record(self, now: float, decode_only: bool, verified: int, requests: int = 1) -> None:
