@@ -84,8 +84,8 @@ def test_keeps_drafting_when_it_pays_and_picks_the_length():
 def test_a_slow_first_drafting_call_does_not_price_drafting_out():
     """The first drafting call of an engine can cost tens of steps (set-up on first use, a
     busy machine): priced at the mean of the first samples it made every draft look dear,
-    and a gate that decodes plainly gets few samples to correct that (selfspec, bfloat16
-    HumanEval: one drafted step in 150). Early samples count at their smallest."""
+    and a gate that decodes plainly gets few samples to correct that (docs/results.md,
+    bfloat16). Early samples count at their smallest."""
     gate = CostGate(k=6)
     seconds, tokens, plan = simulate(gate, 600, draft_cost=0.3, accept=0.9, slow_first=10.0)
     assert gate.winner == "draft"

@@ -20,9 +20,11 @@ learns, from the steps themselves:
   plain step: Chimera on HumanEval predicted 1.19x and ran at 0.96x), and one in 256 while
   it wins by more (plain steps timed only in a slow warm-up otherwise priced every later
   decision);
-* c_d, the drafter's own time per draft token (timed around the draft call; a proposer
-  that times one source itself, as ``ngrammys-chimera`` times Chimera's heads, gives that
-  class its own c_d, and the rest of the call is shared by the other tokens);
+* c_d, the drafter's own time per draft token (timed around the draft call: the smallest
+  of the first samples, then a moving mean, since a price too high is never corrected by a
+  gate that stops drafting; a proposer that times one source itself, as
+  ``ngrammys-chimera`` times Chimera's heads, gives that class its own c_d, and the rest
+  of the call is shared by the other tokens);
 * a_i, the acceptance of draft position i given positions < i were accepted
   (Beta counts that slowly forget, so they follow the text), per evidence class.
 
