@@ -72,9 +72,7 @@ def candidate_exits(num_layers: int, low_bit: bool = False) -> tuple[int, ...]:
     trained for early exit agrees with itself most there (the exit re-chosen for the
     cheaper pass, as the skip set is for ``selfspec``)."""
     L = num_layers
-    found = {default_exit_layer(L), round(L / 2), round(3 * L / 4), L - 2, L - 1}
-    if low_bit:
-        found.add(L)
+    found = {default_exit_layer(L), round(L / 2), round(3 * L / 4), L - 2, L - 1, L}
     top = L if low_bit else L - 1
     return tuple(sorted((e for e in found if 1 <= e <= top), reverse=True))
 
