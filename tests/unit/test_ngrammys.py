@@ -15,7 +15,13 @@ import pytest
 from vllm_selfspec.proposers.artifacts import ArtifactMismatchError, ModelStamp
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.ngram_tables import BigramTable, BigramTableError, repeated_extension
-from vllm_selfspec.proposers.ngrammys import NGrammysProposer, context_rows, mixed_rows
+from vllm_selfspec.proposers.ngrammys import (
+    NGrammysProposer,
+    agreement_cut,
+    context_rows,
+    counted_context_rows,
+    mixed_rows,
+)
 from vllm_selfspec.proposers.resolved import Artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +48,34 @@ def test_context_rows_count_then_recency():
     assert context_rows(np.array([1, 2, 1]), 1, 2, 5) == [[2, 1]]  # may overlap the query
     assert context_rows(np.array([1, 5, 1]), 1, 3, 5) == []
     assert context_rows(h, 1, 2, 0) == []
+
+
+def test_agreement_cut_drops_minority_tokens():
+    # query = last token 1; earlier 1s continue (2,3), (2,4) and, latest, (7,8): every row
+    # once, so the paper's order is by recency
+    h = np.array([1, 2, 3, 9, 1, 2, 4, 9, 1, 7, 8, 9, 1])
+    assert context_rows(h, 1, 2, 5) == [[7, 8], [2, 4], [2, 3]]
+    # 7 follows one of the three occurrences: cut to nothing; 4 follows one of the two that
+    # agree on 2: kept at 0.5, cut at 0.6 (then (2,3) cuts to the same [2], dropped)
+    assert counted_context_rows(h, 1, 2, 5, min_agreement=0.5) == [([2, 4], 1), ([2, 3], 1)]
+    assert context_rows_cut(h, 0.6) == [[2]]
+    assert context_rows_cut(h, 0.6, limit=1) == [[2]]  # the limit counts rows that remain
+    assert context_rows_cut(h, 1.0) == []
+    assert agreement_cut(np.array([[2, 3], [2, 4]]), (2, 4), 0.5) == 2
+    assert agreement_cut(np.array([[2, 3], [2, 4]]), (2, 4), 0.51) == 1
+
+
+def context_rows_cut(h: np.ndarray, share: float, limit: int = 5) -> list[list[int]]:
+    return [r for r, _ in counted_context_rows(h, 1, 2, limit, min_agreement=share)]
+
+
+def test_proposer_drafts_the_cut_row():
+    h = np.array([1, 2, 3, 9, 1, 2, 4, 9, 1, 7, 8, 9, 1])
+    for share, want in ((0.0, [7, 8]), (0.5, [2, 4]), (0.6, [2])):
+        p = NGrammysProposer(2, {"query_length": 1, "min_agreement": share}, Artifacts())
+        req = DraftRequest(row=0, req_id="r", position=len(h) - 1, token=1, max_len=2)
+        out = p.propose(DraftBatch(["r"], [req], h[None], np.asarray([len(h)])))
+        assert out.drafts[0] == want, share
 
 
 def test_repeated_extension_and_rows():

@@ -44,11 +44,13 @@ from .resolved import Artifacts
 MAX_OCCURRENCES = 512
 
 
-def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int
-                         ) -> list[tuple[list[int], int]]:
+def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int,
+                         min_agreement: float = 0.0) -> list[tuple[list[int], int]]:
     """Appendix B.2: the continuations (length w) of earlier occurrences of the last q
     tokens, most frequent first, ties to the most recent; at most ``limit`` rows, each
-    with how often it occurs."""
+    with how often it occurs. With ``min_agreement`` > 0 each row is cut before its first
+    token that fewer than that share of the occurrences agreeing with the row so far
+    continue with (``agreement_cut``); rows cut to nothing are dropped."""
     n = int(history.shape[0])
     last_start = n - q - w  # matches need w tokens after them
     if limit <= 0 or q <= 0 or last_start < 0:
@@ -70,7 +72,37 @@ def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int
         else:
             c[0] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
-    return [(list(r), c[0]) for r, c in ranked[:limit]]
+    if min_agreement <= 0:
+        return [(list(r), c[0]) for r, c in ranked[:limit]]
+    following = history[hits[:, None] + q + np.arange(w)]  # [occurrences, w]
+    out: list[tuple[list[int], int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for r, c in ranked:
+        cut = list(r[: agreement_cut(following, r, min_agreement)])
+        if cut and tuple(cut) not in seen:
+            seen.add(tuple(cut))
+            out.append((cut, c[0]))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def agreement_cut(following: np.ndarray, row: tuple[int, ...], min_agreement: float) -> int:
+    """How many of ``row``'s tokens to draft: up to the first token j that fewer than
+    ``min_agreement`` of the occurrences whose continuations (``following``, one per row)
+    agree with ``row`` before j continue with. SuffixDecoding (Oliaro et al., 2024) scores
+    each token of a draft by how often it followed its prefix in the suffix tree and stops
+    where the score falls under ``min_token_prob`` (vLLM's ``suffix_decoding_min_token_prob``);
+    this is that cut on N-Grammys' rows, by the token's own share rather than the product
+    along the path: the target accepts a context token that a minority of the occurrences
+    continued with far less often (docs/results.md)."""
+    alive = np.ones(following.shape[0], dtype=bool)
+    for j, tok in enumerate(row):
+        agree = alive & (following[:, j] == tok)
+        if int(agree.sum()) < min_agreement * int(alive.sum()):
+            return j
+        alive = agree
+    return len(row)
 
 
 def context_rows(history: np.ndarray, q: int, w: int, limit: int) -> list[list[int]]:
@@ -85,17 +117,19 @@ def context_evidence(q: int, count: int) -> str:
 
 
 def mixed_rows(history: np.ndarray, table: BigramTable | None, k: int, w: int,
-               max_query: int, min_query: int = 1, bigram_w: int | None = None
-               ) -> list[list[int]]:
+               max_query: int, min_query: int = 1, bigram_w: int | None = None,
+               min_agreement: float = 0.0) -> list[list[int]]:
     """§4.3: context rows first (longest query first), then extended-bigram rows
     (of width ``bigram_w``, default w)."""
-    return mixed_rows_labelled(history, table, k, w, max_query, min_query, bigram_w)[0]
+    return mixed_rows_labelled(history, table, k, w, max_query, min_query, bigram_w,
+                               min_agreement)[0]
 
 
 def mixed_rows_labelled(history: np.ndarray, table: BigramTable | None, k: int, w: int,
-                        max_query: int, min_query: int = 1, bigram_w: int | None = None
-                        ) -> tuple[list[list[int]], list[str]]:
-    """``mixed_rows`` and each row's evidence class (``context_evidence``, "bigram")."""
+                        max_query: int, min_query: int = 1, bigram_w: int | None = None,
+                        min_agreement: float = 0.0) -> tuple[list[list[int]], list[str]]:
+    """``mixed_rows`` and each row's evidence class (``context_evidence``, "bigram");
+    ``min_agreement``: context rows cut by ``agreement_cut``."""
     rows: list[list[int]] = []
     labels: list[str] = []
     seen: set[tuple[int, ...]] = set()
@@ -108,7 +142,7 @@ def mixed_rows_labelled(history: np.ndarray, table: BigramTable | None, k: int, 
             labels.append(label)
 
     for q in range(max_query, min_query - 1, -1):
-        for r, count in counted_context_rows(history, q, w, k - len(rows)):
+        for r, count in counted_context_rows(history, q, w, k - len(rows), min_agreement):
             add(r, context_evidence(q, count))
         if len(rows) >= k:
             return rows, labels
@@ -166,6 +200,15 @@ def min_query_length_option() -> Any:
     return option(1, "shortest context query", "int", 1, 16)
 
 
+def min_agreement_option(default: float = 0.0) -> Any:
+    """Key ``min_agreement`` of every method that drafts from context n-grams
+    (``agreement_cut``; 0 keeps the paper's whole rows)."""
+    return option(default, "cut a context row before its first token that fewer than this "
+                  "share of the earlier occurrences agreeing with the row so far continue "
+                  "with (SuffixDecoding's per-token score). 0: whole rows, as in the paper",
+                  "float", 0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class NGrammysOptions(CommonOptions):
     """Method ``ngrammys``'s keys; defaults chosen offline on the dev split with
@@ -185,6 +228,7 @@ class NGrammysOptions(CommonOptions):
                                128)
     query_length: int = query_length_option()
     min_query_length: int = min_query_length_option()
+    min_agreement: float = min_agreement_option()
     selection: str = option("first", "which row becomes the chain: 'first' (the paper's mixed "
                             "order) or 'likelihood' (most likely under the bigram table)", "str",
                             choices=SELECTIONS)
@@ -212,6 +256,7 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
         self.bigram_width = min(self.width, c.bigram_width or self.width)
         self.max_query = c.query_length
         self.min_query = c.min_query_length
+        self.min_agreement = c.min_agreement
         self.selection = c.selection
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}")
@@ -241,7 +286,7 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
         labels = ["kept"] * len(rows)
         mixed, mixed_labels = mixed_rows_labelled(history, self.table, self.rows_needed,
                                                   self.width, self.max_query, self.min_query,
-                                                  self.bigram_width)
+                                                  self.bigram_width, self.min_agreement)
         no_match = not any(x.startswith("context") for x in mixed_labels)
         r = self.past_draft(req_id, history, self.width, no_match)
         if r and r not in rows:
@@ -309,5 +354,5 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
                      f"{self.datastore.source})")
         return (f"{name}: k={self.num_rows} rows of w={self.width} (bigram rows "
                 f"{self.bigram_width}), query length "
-                f"{self.max_query}..{self.min_query}, selection {self.selection}, keep_rows "
+                f"{self.max_query}..{self.min_query}, min agreement {self.min_agreement}, selection {self.selection}, keep_rows "
                 f"{self.keep_rows}, bigram table {src}")

@@ -31,6 +31,7 @@ from .base import DraftBatch, Proposal
 from .chimera_drafting import ChimeraOptions, ChimeraProposer
 from .ngrammys import (
     HISTORY_HELP,
+    min_agreement_option,
     min_query_length_option,
     mixed_rows_labelled,
     query_length_option,
@@ -48,6 +49,7 @@ class NGrammysChimeraOptions(ChimeraOptions):
 
     query_length: int = query_length_option()
     min_query_length: int = min_query_length_option()
+    min_agreement: float = min_agreement_option()
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     # cost_gate stays on (CommonOptions): the gate keeps one draft length per source
     # (proposers.cost_gate, evidence classes), so long context matches keep their chains
@@ -72,7 +74,7 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
         """The first context row (longest query first) and its evidence class."""
         c = self.cfg  # ngrammys' candidate rows without bigram rows, the first one only
         rows, labels = mixed_rows_labelled(history, None, 1, limit, c.query_length,
-                                           c.min_query_length)
+                                           c.min_query_length, min_agreement=c.min_agreement)
         return (rows[0], labels[0]) if rows else ([], "")
 
     def describe(self) -> str:

@@ -40,6 +40,7 @@ from .ngrammys import (
     HISTORY_HELP,
     SHAREGPT,
     NGrammysProposer,
+    min_agreement_option,
     min_query_length_option,
     query_length_option,
 )
@@ -56,6 +57,7 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
 
     query_length: int = query_length_option()
     min_query_length: int = min_query_length_option()
+    min_agreement: float = min_agreement_option()
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     datastore: str = option(SHAREGPT, DATASTORE_HELP, "str")
 
@@ -72,7 +74,8 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         # ngrammys' sources without its bigram rows (the self-draft takes their place)
         self.ngrams = NGrammysProposer(num_speculative_tokens, {
             "bigram_table": "none", "num_rows": 1, "query_length": c.query_length,
-            "min_query_length": c.min_query_length, "history_tokens": c.history_tokens},
+            "min_query_length": c.min_query_length, "min_agreement": c.min_agreement,
+            "history_tokens": c.history_tokens},
             Artifacts(datastore=self.artifacts.datastore))
         self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
