@@ -284,3 +284,20 @@ def test_row_choice_oracles_bound_the_rules():
         "ngrammys-history (context, else history, else bigram)"]
     assert rows["ngrammys-history (context, else history, else bigram)"] > rows[
         "ngrammys (context, else bigram)"]
+
+
+def test_agreement_study_replays_each_cut():
+    """tools/ngrammys_calls.py --agreement --min-agreements: one row per drafter, class set,
+    cut and verify price, and the cut reaches the proposer: on a text whose repeated token is
+    followed by a different token each time, cutting minority tokens drafts differently."""
+    from vllm_selfspec.offline.ngrammys_calls import agreement
+
+    answer = [7, 1, 2, 1, 3, 1, 4, 1, 5, 1, 6, 1, 2, 1, 8, 9]
+    data = [([0], answer)]
+    rows = agreement(data, data, toy_table(), 4, 0, [0.0], (0.0, 0.9))
+    keys = {(r["drafter"], r["classes"], r["min_agreement"]) for r in rows}
+    assert ("ngrammys", "evidence classes", 0.9) in keys
+    assert ("ngrammys", "classes x bigram agreement", 0.9) not in keys  # cuts: plain classes
+    drafted = {r["min_agreement"]: r["drafted_per_step"] for r in rows
+               if (r["drafter"], r["classes"]) == ("ngrammys", "evidence classes")}
+    assert drafted[0.9] != drafted[0.0]

@@ -352,21 +352,26 @@ def bigram_agreement(table: BigramTable) -> Label:
 
 
 def agreement(dev: list[tuple[list[int], list[int]]], test: list[tuple[list[int], list[int]]],
-              table: BigramTable, width: int, history_tokens: int, vpts: list[float]
-              ) -> list[dict[str, Any]]:
+              table: BigramTable, width: int, history_tokens: int, vpts: list[float],
+              min_agreements: tuple[float, ...] = (0.0,)) -> list[dict[str, Any]]:
     """Would the cost gate's evidence classes gain from splitting each class by
-    ``bigram_agreement``? Lengths per class are fitted on ``dev`` and replayed on ``test``
-    (out of sample), at each verify cost per drafted token in ``vpts`` (a request's share
-    of a step: about 0.031 with one request in flight, 0.3 with four)."""
+    ``bigram_agreement``, or context rows from being cut where the earlier occurrences stop
+    agreeing (key ``min_agreement``, each of ``min_agreements``)? Lengths per class are
+    fitted on ``dev`` and replayed on ``test`` (out of sample), at each verify cost per
+    drafted token in ``vpts`` (a request's share of a step: about 0.031 with one request in
+    flight, 0.3 with four)."""
     out = []
     tokens = sum(len(c) for _, c in test)
+    variants = [(c, lab, m) for m in min_agreements
+                for c, lab in (("evidence classes", None),
+                               ("classes x bigram agreement", bigram_agreement(table)))
+                if m == 0 or lab is None]
     for name, hist in (("ngrammys", 0), ("ngrammys + history", history_tokens)):
-        def proposer(hist: int = hist) -> NGrammysProposer:
-            return NGrammysProposer(width, {"history_tokens": hist},
-                                    Artifacts(bigram_table=table))
+        for classes, label, share in variants:
+            def proposer(hist: int = hist, share: float = share) -> NGrammysProposer:
+                return NGrammysProposer(width, {"history_tokens": hist, "min_agreement": share},
+                                        Artifacts(bigram_table=table))
 
-        for classes, label in (("evidence classes", None),
-                               ("classes x bigram agreement", bigram_agreement(table))):
             dev_steps = chain_steps(dev, proposer(), label=label)
             for vpt in vpts:
                 cut = {s: v["best_length"]
@@ -374,8 +379,8 @@ def agreement(dev: list[tuple[list[int], list[int]]], test: list[tuple[list[int]
                 steps = chain_steps(test, proposer(), cut, label)
                 calls = len(steps) + len(test)
                 drafted = sum(d for _, d, _ in steps)
-                out.append({"drafter": name, "classes": classes, "verify_per_token": vpt,
-                            "tokens_per_call": tokens / calls,
+                out.append({"drafter": name, "classes": classes, "min_agreement": share,
+                            "verify_per_token": vpt, "tokens_per_call": tokens / calls,
                             "drafted_per_step": drafted / len(steps),
                             "est_speedup": tokens / (calls + vpt * drafted)})
     return out
@@ -517,7 +522,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only the agreement study (writes OUT-DIR/agreement.json): lengths per "
                         "evidence class fitted on the dev split, replayed on the test split, "
                         "with and without splitting each class by whether its first token is "
-                        "the bigram table's top-1")
+                        "the bigram table's top-1, and with context rows cut at each of "
+                        "--min-agreements")
+    p.add_argument("--min-agreements", default="0",
+                   help="key min_agreement's values in the agreement study (0: whole rows)")
     p.add_argument("--row-choice", action="store_true",
                    help="only the row-choice study (writes OUT-DIR/row-choice.json): tokens per "
                         "call when each step drafts the context, earlier-requests or bigram row "
@@ -552,8 +560,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.agreement:
             dev = list(zip(*continuations(path, ds, "dev", args.num_prompts, args.max_tokens,
                                           out / f"continuations-{ds}-dev.json")))
-            report["agreement"][ds] = agreement(dev, data, table, 8, args.history_tokens,
-                                                [vpt, 0.1, 0.3])
+            report["agreement"][ds] = agreement(
+                dev, data, table, 8, args.history_tokens, [vpt, 0.1, 0.3],
+                tuple(float(x) for x in args.min_agreements.split(",")))
             continue
         if args.draft_length:
             report["draft_length"][ds] = draft_length(data, table, 8, args.history_tokens, vpt)
@@ -626,12 +635,17 @@ def print_tables(report: dict[str, Any]) -> None:
     for ds, rows in report.get("agreement", {}).items():
         print(f"\n### {ds}: lengths per class fitted on dev, replayed on test (est. speedup)")
         vpts = sorted({r["verify_per_token"] for r in rows})
-        print("| drafter | classes | " + " | ".join(f"verify {v:.3f}" for v in vpts) + " |")
-        print("|---|---|" + "---:|" * len(vpts))
-        for key in dict.fromkeys((r["drafter"], r["classes"]) for r in rows):
-            est = {r["verify_per_token"]: r["est_speedup"] for r in rows
-                   if (r["drafter"], r["classes"]) == key}
-            print(f"| {key[0]} | {key[1]} | " + " | ".join(f"{est[v]:.3f}" for v in vpts) + " |")
+        print("| drafter | classes | min_agreement | "
+              + " | ".join(f"verify {v:.3f}" for v in vpts) + " |")
+        print("|---|---|---:|" + "---:|" * len(vpts))
+
+        def key_of(r: dict[str, Any]) -> tuple[str, str, float]:
+            return r["drafter"], r["classes"], r.get("min_agreement", 0.0)
+
+        for key in dict.fromkeys(key_of(r) for r in rows):
+            est = {r["verify_per_token"]: r["est_speedup"] for r in rows if key_of(r) == key}
+            print(f"| {key[0]} | {key[1]} | {key[2]:g} | "
+                  + " | ".join(f"{est[v]:.3f}" for v in vpts) + " |")
     for ds, rows in report.get("realizations", {}).items():
         best = sorted(rows, key=lambda r: -r["chain"]["est_speedup"])[:8]
         print(f"\n### {ds}: realizations, best 8 by estimated speedup of the chain")
