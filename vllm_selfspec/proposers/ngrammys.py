@@ -75,9 +75,13 @@ def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int,
     if min_agreement <= 0:
         return [(list(r), c[0]) for r, c in ranked[:limit]]
     following = history[hits[:, None] + q + np.arange(w)]  # [occurrences, w]
+    first, share = np.unique(following[:, 0], return_counts=True)
+    kept_first = set(first[share >= min_agreement * following.shape[0]].tolist())
     out: list[tuple[list[int], int]] = []
     seen: set[tuple[int, ...]] = set()
     for r, c in ranked:
+        if r[0] not in kept_first:  # cut to nothing (cheaply: up to 512 rows)
+            continue
         cut = list(r[: agreement_cut(following, r, min_agreement)])
         if cut and tuple(cut) not in seen:
             seen.add(tuple(cut))
