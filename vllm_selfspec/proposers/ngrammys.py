@@ -99,7 +99,7 @@ def agreement_cut(following: np.ndarray, row: tuple[int, ...], min_agreement: fl
     where the score falls under ``min_token_prob`` (vLLM's ``suffix_decoding_min_token_prob``);
     this is that cut on N-Grammys' rows, by the token's own share rather than the product
     along the path: the target accepts a context token that a minority of the occurrences
-    continued with far less often (docs/results.md)."""
+    continued with far less often (docs/paper-checks.md)."""
     alive = np.ones(following.shape[0], dtype=bool)
     for j, tok in enumerate(row):
         agree = alive & (following[:, j] == tok)
