@@ -63,20 +63,19 @@ def counted_context_rows(history: np.ndarray, q: int, w: int, limit: int,
         hits = hits[history[hits + j] == query[j]]
     if hits.size == 0:
         return []
+    following = history[hits[:, None] + q + np.arange(w)]  # [occurrences, w], oldest first
     counts: dict[tuple[int, ...], list[int]] = {}
-    for i in hits[::-1]:  # most recent first
-        row = tuple(int(t) for t in history[i + q: i + q + w])
-        c = counts.get(row)
+    for i, row in zip(hits[::-1].tolist(), map(tuple, following[::-1].tolist())):
+        c = counts.get(row)  # most recent first
         if c is None:
-            counts[row] = [1, int(i)]
+            counts[row] = [1, i]
         else:
             c[0] += 1
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))
     if min_agreement <= 0:
         return [(list(r), c[0]) for r, c in ranked[:limit]]
-    following = history[hits[:, None] + q + np.arange(w)]  # [occurrences, w]
-    first, share = np.unique(following[:, 0], return_counts=True)
-    kept_first = set(first[share >= min_agreement * following.shape[0]].tolist())
+    first, seen_first = np.unique(following[:, 0], return_counts=True)
+    kept_first = set(first[seen_first >= min_agreement * following.shape[0]].tolist())
     out: list[tuple[list[int], int]] = []
     seen: set[tuple[int, ...]] = set()
     for r, c in ranked:
@@ -357,6 +356,6 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
             name += (f" + datastore ({self.datastore.corpus_tokens} tokens, "
                      f"{self.datastore.source})")
         return (f"{name}: k={self.num_rows} rows of w={self.width} (bigram rows "
-                f"{self.bigram_width}), query length "
-                f"{self.max_query}..{self.min_query}, min agreement {self.min_agreement}, selection {self.selection}, keep_rows "
+                f"{self.bigram_width}), query length {self.max_query}..{self.min_query}, "
+                f"min agreement {self.min_agreement}, selection {self.selection}, keep_rows "
                 f"{self.keep_rows}, bigram table {src}")
