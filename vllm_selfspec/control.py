@@ -194,3 +194,95 @@ def step_timer(worker: Any) -> dict[str, Any]:
     t = worker.model_runner._selfspec_step_timer
     return {"steps": t["steps"], "seconds": t["seconds"],
             "forward": {n: statistics.median(v) for n, v in t["forward"].items() if v}}
+
+
+def capture_states(worker: Any) -> None:
+    """Keep the model's final-norm last-layer states of every token the runner computes from
+    now on, per request, with their positions and tokens (patch P10), until
+    ``write_states`` takes them: the corpus tool's answers and Chimera's training states in
+    one generation. The engine must run without prefix caching (a cached prefix is never
+    computed) and is meant for that tool alone (the states of every request are kept)."""
+    import numpy as np
+    import torch
+
+    from vllm_selfspec import patches
+
+    runner = worker.model_runner
+    store: dict[str, list[tuple[Any, Any, Any]]] = getattr(runner, "_selfspec_states", {})
+    runner._selfspec_states = store
+
+    def sink(input_ids: Any, positions: Any, out: Any) -> None:
+        batch = runner.input_batch
+        n = int(batch.num_reqs)
+        if n == 0 or input_ids is None:
+            return
+        qsl = runner.query_start_loc.np[: n + 1]
+        total = int(qsl[n])
+        hidden = out[0] if isinstance(out, tuple) else out
+        h = hidden[:total].to(dtype=torch.float16).cpu().numpy()
+        pos = positions[:total].cpu().numpy().astype(np.int64)
+        ids = input_ids[:total].cpu().numpy().astype(np.int64)
+        for i, rid in enumerate(batch.req_ids[:n]):
+            a, b = int(qsl[i]), int(qsl[i + 1])
+            if b > a:
+                store.setdefault(rid, []).append((pos[a:b], ids[a:b], h[a:b]))
+
+    patches.patch_state_capture(runner, sink)
+
+
+def write_states(worker: Any, path: str, records: list[tuple[str, str, list[int], list[int]]]
+                 ) -> dict[str, Any]:
+    """One states shard at ``path`` (the format of ``offline.chimera_data.collect_states``)
+    from what ``capture_states`` kept, for ``records`` = (request id, record id,
+    prompt ids, response ids), and forget those requests. A record is left out (its id in
+    ``missing``) unless every position but the last was computed with the token the record
+    holds there; the last token is never fed to the model, so its state stays zero (the
+    trainer never reads it: no label follows it). Returns {"file", "ids", "tokens",
+    "missing"}."""
+    from pathlib import Path
+
+    import numpy as np
+
+    store = worker.model_runner._selfspec_states
+    # vLLM's engine id of a request is the caller's id with a suffix (input_processor.py:
+    # assign_request_id): "<id>-<8 characters>"
+    engine_ids = {k.rsplit("-", 1)[0]: k for k in store}
+    cols: dict[str, list[Any]] = {"tokens": [], "hidden": [], "labels": [], "loss_mask": []}
+    ids, missing, lens = [], [], []
+    for req_id, rec_id, prompt, response in records:
+        parts = store.pop(req_id if req_id in store else engine_ids.get(req_id, req_id), [])
+        seq = np.asarray(list(prompt) + list(response), dtype=np.int64)
+        n = len(seq)
+        if not parts or not response:
+            missing.append(rec_id)
+            continue
+        width = parts[0][2].shape[1]
+        hidden = np.zeros((n, width), dtype=np.float16)
+        seen = np.zeros(n, dtype=bool)
+        ok = True
+        for pos, tok, h in parts:  # later parts win (a recomputed prefix after preemption)
+            if pos.max() >= n or not np.array_equal(seq[pos], tok):
+                ok = False
+                break
+            hidden[pos] = h
+            seen[pos] = True
+        if not ok or not seen[: n - 1].all():
+            missing.append(rec_id)
+            continue
+        p = len(prompt)
+        labels = np.full(n, -1, dtype=np.int32)
+        labels[p - 1: n - 1] = seq[p:]  # greedy answers: the model's top-1 is the next token
+        mask = np.zeros(n, dtype=bool)
+        mask[p - 1: n - 1] = True
+        for k, v in (("tokens", seq.astype(np.int32)), ("hidden", hidden), ("labels", labels),
+                     ("loss_mask", mask)):
+            cols[k].append(v)
+        ids.append(rec_id)
+        lens.append(n)
+    out = Path(path)
+    if ids:
+        tmp = out.with_name(out.name + ".tmp.npz")
+        np.savez(tmp, **{k: np.concatenate(v) for k, v in cols.items()},
+                 offsets=np.cumsum([0, *lens]).astype(np.int64))
+        tmp.replace(out)
+    return {"file": out.name, "ids": ids, "tokens": int(sum(lens)), "missing": missing}

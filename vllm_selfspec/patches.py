@@ -42,6 +42,12 @@ P9  InputProcessor._validate_params: a request's ``num_speculative_tokens`` (its
     SamplingParams.extra_args, the OpenAI server's ``vllm_xargs``) is checked where vLLM
     checks the rest of its sampling parameters, so a malformed value is refused for that
     request (VLLMValidationError: a 400 from the server) before it reaches the engine.
+P10 GPUModelRunner._model_forward on one runner instance (tools only: the corpus tool,
+    through ``control.capture_states``): hand the model's output, the final-norm
+    last-layer states of every scheduled token, with the step's tokens and positions to a
+    sink, so the target's own answers and Chimera's training states come out of one
+    generation (gpu_model_runner.py: execute_model calls ``_model_forward`` once a step,
+    after ``_prepare_inputs`` fixed the batch's row order and ``query_start_loc``).
 """
 
 from __future__ import annotations
@@ -445,6 +451,35 @@ def patch_request_params(plugin_options: Callable[[Any], dict[str, Any] | None])
     return True
 
 
+# --------------------------------------------------------------------------- P10
+MODEL_FORWARD_PARAMS = ["self", "input_ids", "positions", "intermediate_tensors",
+                        "inputs_embeds"]
+
+
+def patch_state_capture(runner: Any, sink: Callable[[Any, Any, Any], None]) -> None:
+    """P10: after each model forward of ``runner``, ``sink(input_ids, positions, output)``.
+    One runner only (an instance attribute); idempotent: a runner keeps its first sink."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig = runner._model_forward
+    if _marked(orig):
+        return
+    _check_params(GPUModelRunner._model_forward, MODEL_FORWARD_PARAMS,
+                  "GPUModelRunner._model_forward")
+
+    @functools.wraps(orig)
+    def _model_forward(input_ids: Any = None, positions: Any = None,
+                       intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                       **kwargs: Any) -> Any:
+        out = orig(input_ids=input_ids, positions=positions,
+                   intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
+                   **kwargs)
+        sink(input_ids, positions, out)
+        return out
+
+    runner._model_forward = _mark(_model_forward)
+
+
 # --------------------------------------------------------------------------- the table
 @dataclass(frozen=True)
 class Patch:
@@ -460,6 +495,7 @@ class Patch:
 
 PLUGIN_LOAD = "every process, at plugin load (plugin.register)"
 DRAFTER_START = "the worker, when our drafter starts (drafter.PluginDrafter)"
+TOOL_RPC = "the worker, when a tool asks for it (control.capture_states)"
 
 PATCHES: tuple[Patch, ...] = (
     Patch("P1", "EngineArgs.create_speculative_config", PLUGIN_LOAD, SUPPORTED_VLLM,
@@ -479,4 +515,6 @@ PATCHES: tuple[Patch, ...] = (
           SUPPORTED_VLLM, capture_weights),
     Patch("P9", "InputProcessor._validate_params", PLUGIN_LOAD, SUPPORTED_VLLM,
           patch_request_params),
+    Patch("P10", "GPUModelRunner._model_forward (one runner)", TOOL_RPC, SUPPORTED_VLLM,
+          patch_state_capture),
 )

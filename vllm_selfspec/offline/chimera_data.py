@@ -18,6 +18,7 @@ Stages, each resumable (a stage skips what its output already holds):
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def generate_responses(model_path: str, convs: list[Conversation], out: Path,
                        max_prompt_tokens: int = 512, max_tokens: int = 256,
                        batch: int = 64, chunk: int = 128, token_budget: int | None = None,
-                       progress: Any = None) -> list[dict[str, Any]]:
+                       progress: Any = None, states_dir: Path | None = None,
+                       kv_cache_bytes: int = 2 << 30) -> list[dict[str, Any]]:
     """Greedy answers of the target (vLLM, float32), appended to ``out`` (JSONL) chunk by
-    chunk; stops once the responses hold ``token_budget`` tokens."""
+    chunk; stops once the responses hold ``token_budget`` tokens. With ``states_dir`` the
+    engine also keeps the states it computes (``control.capture_states``, patch P10) and
+    writes each chunk's as a shard there, in ``collect_states``' format: the answers and
+    their states from one pass (``collect_states`` later fills in any record a shard
+    lacks, e.g. after an interrupted run)."""
     from transformers import AutoTokenizer
 
     done = read_records(out)
@@ -81,20 +87,31 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
     from vllm_selfspec.offline import engines
 
     tok = AutoTokenizer.from_pretrained(model_path)
+    if states_dir is not None:
+        from vllm_selfspec import control
+
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function to the worker
     llm = engines.track(LLM(model_path, dtype="float32",
                             max_model_len=max_prompt_tokens + max_tokens + 8,
-                            max_num_seqs=batch, kv_cache_memory_bytes=2 << 30, seed=0))
+                            max_num_seqs=batch, kv_cache_memory_bytes=kv_cache_bytes, seed=0,
+                            # a cached prefix is never computed: its states would be missing
+                            enable_prefix_caching=states_dir is None))
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if states_dir is not None:
+        llm.collective_rpc(control.capture_states)
     try:
         for lo in range(0, len(todo), chunk):
             part = todo[lo: lo + chunk]
             prompts = [chat_ids(tok, c.prompt, max_prompt_tokens) for c in part]
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
                                 use_tqdm=False)
+            recs = [{"id": c.id, "prompt": p, "response": list(o.outputs[0].token_ids)}
+                    for c, p, o in zip(part, prompts, outs)]
+            if states_dir is not None:
+                write_engine_states(llm, states_dir, recs, [o.request_id for o in outs])
             with out.open("a") as f:
-                for c, p, o in zip(part, prompts, outs):
-                    rec = {"id": c.id, "prompt": p, "response": list(o.outputs[0].token_ids)}
+                for rec in recs:
                     f.write(json.dumps(rec) + "\n")
                     done.append(rec)
                     tokens += len(rec["response"])
@@ -105,6 +122,43 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
     finally:
         engines.shutdown(llm)
     return done
+
+
+def read_index(states_dir: Path) -> dict[str, Any]:
+    """A states folder's ``index.json`` (its shards and their record ids)."""
+    path = Path(states_dir) / "index.json"
+    return json.loads(path.read_text()) if path.exists() else {"shards": []}
+
+
+def add_shard(states_dir: Path, index: dict[str, Any], shard: dict[str, Any]) -> None:
+    """Record a written shard in ``index.json`` (atomically)."""
+    index["shards"].append({k: shard[k] for k in ("file", "ids", "tokens")})
+    tmp = Path(states_dir) / "index.json.tmp"
+    tmp.write_text(json.dumps(index))
+    tmp.replace(Path(states_dir) / "index.json")
+
+
+def shard_name(index: dict[str, Any]) -> str:
+    return f"states-{len(index['shards']):05d}.npz"
+
+
+def write_engine_states(llm: Any, states_dir: Path, recs: list[dict[str, Any]],
+                        request_ids: list[str]) -> dict[str, Any]:
+    """The states an engine captured for these records, as one shard of ``states_dir``
+    (``control.write_states`` runs in the worker, which holds them)."""
+    from vllm_selfspec import control
+
+    states_dir = Path(states_dir)
+    states_dir.mkdir(parents=True, exist_ok=True)
+    index = read_index(states_dir)
+    done = {rid for s in index["shards"] for rid in s["ids"]}
+    todo = [(q, r["id"], r["prompt"], r["response"]) for q, r in zip(request_ids, recs)
+            if r["id"] not in done]
+    shard = llm.collective_rpc(control.write_states,
+                               args=(str(states_dir / shard_name(index)), todo))[0]
+    if shard["ids"]:
+        add_shard(states_dir, index, shard)
+    return shard
 
 
 def teacher_forced_records(tokenizer: Any, convs: list[Conversation], token_budget: int,
@@ -136,8 +190,7 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
     from transformers import AutoModelForCausalLM
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    index_path = out_dir / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"shards": []}
+    index = read_index(out_dir)
     done = {rid for s in index["shards"] for rid in s["ids"]}
     todo = [r for r in records if r["id"] not in done and r["response"]]
     if not todo:
@@ -151,7 +204,7 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
     def flush() -> None:
         if not buf["ids"]:
             return
-        name = f"states-{len(index['shards']):05d}.npz"
+        name = shard_name(index)
         lens = [len(t) for t in buf["tokens"]]
         tmp = out_dir / (name + ".tmp.npz")
         np.savez(tmp, tokens=np.concatenate(buf["tokens"]).astype(np.int32),
@@ -160,10 +213,8 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
                  loss_mask=np.concatenate(buf["mask"]),
                  offsets=np.cumsum([0, *lens]).astype(np.int64))
         tmp.replace(out_dir / name)
-        index["shards"].append({"file": name, "ids": list(buf["ids"]), "tokens": int(sum(lens))})
-        tmp_index = out_dir / "index.json.tmp"
-        tmp_index.write_text(json.dumps(index))
-        tmp_index.replace(index_path)
+        add_shard(out_dir, index, {"file": name, "ids": list(buf["ids"]),
+                                   "tokens": int(sum(lens))})
         for v in buf.values():
             v.clear()
 

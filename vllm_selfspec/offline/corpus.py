@@ -126,11 +126,12 @@ def prompts(limits: Limits) -> tuple[list[cd.Conversation], list[cd.Conversation
 
 def answers(model_path: str, folder: Path, tokens: int, held_out_tokens: int,
             limits: Limits = Limits(), engine: str = "vllm", device: str = "cpu",
-            num_seqs: int = 128, progress: Progress | None = None
+            num_seqs: int = 128, progress: Progress | None = None, with_states: bool = False
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out) records holding at least ``tokens`` / ``held_out_tokens`` answer
     tokens (as far as the prompts go), generated where the folder holds fewer; never a
-    held-out conversation among the training records."""
+    held-out conversation among the training records. ``with_states`` (vLLM): the engine
+    keeps the states of what it answers, in the corpus's states folders."""
     from vllm_selfspec.model_info import stamp_from_path
 
     folder = Path(folder)
@@ -143,11 +144,13 @@ def answers(model_path: str, folder: Path, tokens: int, held_out_tokens: int,
     before = _answer_tokens(folder)
     done: dict[str, list[dict[str, Any]]] = {}
     base = 0
-    for name, convs, file, budget in (("held_out", held, HELD_OUT_FILE, held_out_tokens),
-                                      ("train", train, TRAIN_FILE, tokens)):
+    for name, convs, file, budget, sdir in (
+            ("held_out", held, HELD_OUT_FILE, held_out_tokens, HELD_OUT_STATES),
+            ("train", train, TRAIN_FILE, tokens, TRAIN_STATES)):
         report = None if progress is None else (lambda n, b=base: progress(b + n))
+        kw = {"states_dir": folder / sdir} if with_states and engine == "vllm" else {}
         done[name] = gen(model_path, convs, folder / file, limits, budget, num_seqs=num_seqs,
-                         device=device, progress=report)
+                         device=device, progress=report, **kw)
         base += sum(len(r["response"]) for r in done[name])
     made, seconds = _answer_tokens(folder) - before, time.perf_counter() - t0
     extra = {}
@@ -195,13 +198,42 @@ def take(recs: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
 
 def generate_responses(model_path: str, convs: list[cd.Conversation], out: Path,
                        limits: Limits, budget: int, num_seqs: int = 128, device: str = "cpu",
-                       progress: Progress | None = None) -> list[dict[str, Any]]:
-    """vLLM (its own device), ``num_seqs`` requests in flight."""
+                       progress: Progress | None = None, states_dir: Path | None = None
+                       ) -> list[dict[str, Any]]:
+    """vLLM (its own device), ``num_seqs`` requests in flight; with ``states_dir`` the
+    engine's own states of every answer too (``chimera_data.generate_responses``)."""
     return cd.generate_responses(model_path, convs, out,
                                  max_prompt_tokens=limits.max_prompt_tokens,
                                  max_tokens=limits.max_tokens, batch=num_seqs,
                                  chunk=max(num_seqs * 4, 128), token_budget=budget,
-                                 progress=progress)
+                                 progress=progress, states_dir=states_dir,
+                                 kv_cache_bytes=kv_cache_bytes(model_path, num_seqs, limits))
+
+
+def kv_cache_bytes(model_path: str, num_seqs: int, limits: Limits) -> int:
+    """KV cache (float32) for ``num_seqs`` sequences of half the longest prompt + answer
+    (the mean is well under it), at least 2 GiB: more in flight than 2 GiB holds would
+    preempt."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_token = c.num_hidden_layers * 2 * heads * head_dim * 4
+    return max(2 << 30, num_seqs * (limits.max_prompt_tokens + limits.max_tokens) // 2
+               * per_token)
+
+
+def use_all_cores() -> None:
+    """vLLM's CPU worker binds to one core and leaves the other to the scheduler; with many
+    requests in flight the forward is worth both (docs/chimera.md: tokens per second). Kept
+    as set where the user set either variable."""
+    import os
+
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+        return
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
 
 
 def answer_with_transformers(model_path: str, convs: list[cd.Conversation], out: Path,
@@ -296,7 +328,9 @@ def measure(model_path: str, convs: list[cd.Conversation], num_seqs: list[int],
     for n in num_seqs:
         llm = engines.track(LLM(model_path, dtype="float32",
                                 max_model_len=limits.max_prompt_tokens + limits.max_tokens + 8,
-                                max_num_seqs=n, kv_cache_memory_bytes=2 << 30, seed=0))
+                                max_num_seqs=n,
+                                kv_cache_memory_bytes=kv_cache_bytes(model_path, n, limits),
+                                seed=0))
         try:
             llm.generate([TokensPrompt(prompt_token_ids=ids[0])],
                          SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
@@ -346,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model_path = resolve_model(args.model)
     limits = Limits(args.max_prompt_tokens, args.max_tokens, args.held_out, args.seed)
     if args.measure:
+        use_all_cores()
         train, _ = prompts(limits)
         convs = train[: args.measure_prompts]
         rows = measure(model_path, convs, [int(x) for x in args.measure.split(",")], limits,
@@ -367,8 +402,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bar.update(max(0, n - seen[0]))
         seen[0] = max(seen[0], n)
 
+    if args.engine == "vllm" and args.device == "cpu":
+        use_all_cores()
     train, held = answers(model_path, folder, args.tokens, args.held_out_tokens, limits,
-                          args.engine, args.device, args.num_seqs, update)
+                          args.engine, args.device, args.num_seqs, update,
+                          with_states=args.states)
     bar.close()
     if args.states:
         total = sum(len(r["prompt"]) + len(r["response"]) for r in train + held)
