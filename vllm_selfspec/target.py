@@ -81,7 +81,7 @@ class TargetView:
         self.block_size = int(attn_groups[0].kv_cache_spec.block_size)
         self.block_table: torch.Tensor | None = None
         # wall time of draft forwards (tools/draft_cost.py reads it)
-        self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0,
+        self.timing = {"draft_calls": 0, "draft_rows": 0, "draft_seconds": 0.0, "chunk_tokens": 0,
                        "score_calls": 0, "score_tokens": 0, "score_seconds": 0.0,
                        "compiles": 0, "compile_seconds": 0.0}
         self.draft_pass = DraftPass()  # the drafter puts its own here (drafter.py)
@@ -109,16 +109,21 @@ class TargetView:
         return block.long() * self.block_size + positions.long() % self.block_size
 
     def _attn_metadata(self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                       draft_index: int) -> dict[str, Any]:
+                       draft_index: int, query_start_loc: torch.Tensor | None = None,
+                       max_query_len: int = 1) -> dict[str, Any]:
+        """One query token per row at ``positions`` (a draft step), or with
+        ``query_start_loc`` several per row, ``positions`` then being each row's last
+        (a chunk: ``draft_chunk``)."""
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
         n = int(rows.numel())
         seq_lens = (positions + 1).to(torch.int32)
         seq_lens_cpu = seq_lens.cpu()
-        qsl = self._arange[: n + 1]
+        qsl = self._arange[: n + 1] if query_start_loc is None else query_start_loc
         cm = CommonAttentionMetadata(
             query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=seq_lens, num_reqs=n,
-            num_actual_tokens=n, max_query_len=1, max_seq_len=int(seq_lens_cpu.max()),
+            num_actual_tokens=int(slots.numel()), max_query_len=max_query_len,
+            max_seq_len=int(seq_lens_cpu.max()),
             block_table_tensor=self.block_table[rows], slot_mapping=slots, causal=True,
             seq_lens_cpu_upper_bound=seq_lens_cpu)
         per_layer: dict[str, Any] = {}
@@ -168,6 +173,47 @@ class TargetView:
         self.timing["draft_calls"] += 1
         self.timing["draft_rows"] += n
         self.timing["draft_seconds"] += seconds
+        return logits
+
+    def draft_chunk(self, rows: torch.Tensor, tokens: torch.Tensor, lens: list[int],
+                    starts: torch.Tensor, mask: SkipMask,
+                    head: torch.Tensor | None = None) -> torch.Tensor:
+        """Several draft tokens per row in one pass, as vLLM's verification runs a row's
+        drafts: row i feeds ``lens[i]`` of ``tokens`` (rows in turn) at positions
+        ``starts[i]..``, writing their KV there (draft positions: ``starts`` are the rows'
+        newest tokens' positions and the chunk stays within the K reserved slots), and gets
+        logits at every token fed [sum(lens), V] (``head``: over a draft vocabulary). Each
+        token attends to the cache before ``starts[i]`` and to the tokens before it in its
+        chunk (causal), so the logits are those of one-token draft steps over the same
+        tokens, up to the kernels' arithmetic."""
+        from vllm.forward_context import set_forward_context
+
+        t0 = time.perf_counter()
+        dev = self.device
+        qlens = torch.tensor(lens, dtype=torch.int32)
+        qsl_cpu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+        torch.cumsum(qlens, 0, out=qsl_cpu[1:])
+        starts = starts.long()
+        offsets = torch.arange(int(qsl_cpu[-1]), dtype=torch.long) \
+            - qsl_cpu[:-1].long().repeat_interleave(qlens.long())
+        positions = starts.cpu().repeat_interleave(qlens.long()) + offsets
+        positions = positions.to(dev)
+        slots = self.slots(rows.repeat_interleave(qlens.to(dev).long()), positions)
+        md = self._attn_metadata(rows, starts + qlens.to(dev) - 1, slots, 0,
+                                 query_start_loc=qsl_cpu.to(dev), max_query_len=max(lens))
+        names = self.adapter.attn_layer_names
+        write = {names[i]: slots for i in range(self.num_layers) if i not in mask.attention}
+        with set_forward_context(md, self.vllm_config, num_tokens=int(slots.numel()),
+                                 slot_mapping=write):
+            embedded = self.adapter.embed(tokens.long())
+            direct = self.direct()
+            hidden = (direct.run(embedded, positions, mask.attention, mask.mlp, md, write)
+                      if direct is not None else self._eager_walk(mask)(embedded, positions))
+        logits = self._logits(hidden, head)
+        self.timing["draft_calls"] += 1
+        self.timing["draft_rows"] += len(lens)
+        self.timing["chunk_tokens"] += int(slots.numel())
+        self.timing["draft_seconds"] += time.perf_counter() - t0
         return logits
 
     def direct(self) -> DirectWalk | None:

@@ -40,3 +40,29 @@ def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
     assert token_ids(outs) == reference
     assert stats["from_selfspec"] > 0 and stats["from_context"] > 0, stats
     assert stats["draft_weights"] == "w8a8" and acceptance(outs).accepted > 0
+
+
+def test_ngrammys_selfspec_guessed_self_drafts_stay_identical(
+        model_path, eval_prompts, reference, sampled_reference):
+    """Every request self-drafts with its n-gram match as the guess of the first pass
+    (``matches: "guess"``, gate off): several tokens in one draft pass through the target's
+    KV cache, the match kept where the self-draft agrees. Greedy output identical to plain
+    decoding, guessed tokens kept, and sampling (q of each kept position) follows plain
+    decoding's distribution."""
+    from vllm_selfspec import control
+
+    llm = make_llm(model_path, speculative_config={"method": "ngrammys-selfspec",
+                                                    "cost_gate": False, "matches": "guess"})
+    try:
+        outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
+                            use_tqdm=False)
+        stats = llm.collective_rpc(control.drafter_stats)[0]
+        check_sampling_distribution(llm, sampled_reference)
+        sampled = llm.collective_rpc(control.drafter_stats)[0]
+    finally:
+        shutdown(llm)
+    assert token_ids(outs) == reference
+    assert stats["from_context"] == 0 and stats["from_selfspec"] > 0, stats
+    assert stats["guesses_kept"] > 0 and stats["guessed_tokens"] > stats["guesses_kept"], stats
+    assert stats.get("failures", 0) == 0 and acceptance(outs).accepted > 0
+    assert sampled["guessed_tokens"] > stats["guessed_tokens"], sampled  # guessed while sampling

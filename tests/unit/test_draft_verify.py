@@ -20,11 +20,21 @@ class FakeTarget:
     def __init__(self, low_conf_at=None):
         self.low_conf_at = low_conf_at or set()
         self.calls = []
+        self.chunks = []
 
     def draft_step(self, rows, tokens, positions, mask, draft_index, head=None, settled=False):
         self.calls.append((rows.tolist(), positions.tolist(), draft_index, mask))
-        logits = torch.full((len(rows), V), -10.0)
-        for i, (t, p) in enumerate(zip(tokens.tolist(), positions.tolist())):
+        return self._logits(tokens.tolist(), positions.tolist())
+
+    def draft_chunk(self, rows, tokens, lens, starts, mask, head=None):
+        """The same rule at every fed token (a chunk sees what one-token steps would)."""
+        positions = [s + j for s, n in zip(starts.tolist(), lens) for j in range(n)]
+        self.chunks.append((rows.tolist(), tokens.tolist(), list(lens), starts.tolist()))
+        return self._logits(tokens.tolist(), positions)
+
+    def _logits(self, tokens, positions):
+        logits = torch.full((len(tokens), V), -10.0)
+        for i, (t, p) in enumerate(zip(tokens, positions)):
             if p in self.low_conf_at:  # flat: top-1 probability ~0.1
                 logits[i] = 0.0
                 logits[i, (t + 1) % V] = 0.5
@@ -83,3 +93,59 @@ def test_feedback_moves_the_threshold():
 def test_no_rows():
     p, t = make()
     assert p.propose(DraftBatch(["a"], [])).drafts == [[]] and not t.calls
+
+
+def _draft(p, reqs, guesses=None):
+    return p.propose(DraftBatch([f"r{i}" for i in range(len(reqs))], reqs), guesses).drafts
+
+
+def test_guesses_give_the_same_drafts_in_fewer_passes():
+    reqs = [DraftRequest(0, "a", 10, 3, 6), DraftRequest(1, "b", 20, 7, 3),
+            DraftRequest(2, "c", 30, 1, 4)]
+    p, t = make(k=6)
+    want = _draft(p, reqs)
+    assert want == [[4, 5, 6, 7, 8, 9], [8, 9, 10], [2, 3, 4, 5]] and len(t.calls) == 6
+    p, t = make(k=6)
+    # a: right for three tokens, then wrong; b: no guess; c: wrong from the first token
+    got = _draft(p, reqs, {0: [4, 5, 6, 9, 9, 9, 9], 2: [9, 9]})
+    assert got == want
+    # one chunk: each row's newest token and its guess, cut to max_len - 1 tokens
+    assert t.chunks == [([0, 1, 2], [3, 4, 5, 6, 9, 9, 7, 1, 9, 9], [6, 1, 3], [10, 20, 30])]
+    # a drafted 4 tokens in the chunk and goes on at position 14; b and c after one
+    assert t.calls[0][0] == [0, 1, 2] and t.calls[0][1] == [14, 21, 31]
+    assert len(t.calls) == 3  # against 6 passes without guesses
+    assert p.stats["guessed_tokens"] == 7 and p.stats["guesses_kept"] == 3
+
+
+def test_guesses_never_change_the_drafts():
+    """Random guesses (often right), limits and unsure positions: the drafts are those of
+    the loop without guesses."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        k = rng.randint(1, 8)
+        low = {rng.randint(0, 12) for _ in range(rng.randint(0, 2))}
+        reqs = [DraftRequest(i, f"r{i}", rng.randint(0, 5), rng.randrange(V), rng.randint(1, k))
+                for i in range(rng.randint(1, 3))]
+        guesses = {}
+        for r in reqs:
+            g = [(r.token + 1 + j) % V for j in range(rng.randint(0, 9))]
+            if g and rng.random() < 0.5:
+                g[rng.randrange(len(g))] = rng.randrange(V)
+            guesses[r.row] = g
+        plain, _ = make(k=k)
+        plain.target.low_conf_at = low
+        guessed, _ = make(k=k)
+        guessed.target.low_conf_at = low
+        assert _draft(guessed, reqs, guesses) == _draft(plain, reqs), (k, low, reqs, guesses)
+
+
+def test_guessed_sampled_rows_return_q_at_each_draft():
+    p, t = make(k=4)
+    reqs = [DraftRequest(0, "a", 1, 0, 4, temperature=1.0)]
+    out = p.propose(DraftBatch(["a"], reqs), {0: [1, 2, 9]})
+    # the fake q is peaked (e^20 : 1): the draws are the argmax, 1 2 3 4
+    assert out.drafts == [[1, 2, 3, 4]] and len(t.chunks) == 1 and len(t.calls) == 1
+    assert torch.allclose(out.probs[0].sum(-1), torch.ones(4))
+    assert [int(out.probs[0, j].argmax()) for j in range(4)] == [1, 2, 3, 4]

@@ -70,6 +70,28 @@ def test_a_match_predicted_to_pay_less_than_the_self_draft_is_passed_over():
     assert out.drafts[0] == [5, 6, 7, 11] and out.evidence[0].startswith("context")
 
 
+def test_a_passed_over_match_is_the_self_drafts_guess():
+    low = {SELF_DRAFT: 1.6}  # the self-draft pays more than the context match
+    # a repeat the fake model agrees with: after "3 4 5 6" it drafts 7 8 ..., as before
+    agreeing = [2, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6]
+    p, t = make(k=4)
+    out = p.propose(batch([agreeing], worth=lambda cls: low.get(cls, 1.1)))
+    assert out.evidence == [SELF_DRAFT] and out.drafts[0] == [7, 8, 9, 10]
+    # one pass fed the newest token and the match's first three tokens (7 8 1) and kept 7 8;
+    # the loop drafted the rest from 9
+    assert t.chunks == [([0], [6, 7, 8, 1], [4], [11])] and len(t.calls) == 1
+    assert p.stats["guesses_kept"] == 2
+    off, t_off = make(k=4, matches="gate-unguessed")
+    assert off.propose(batch([agreeing], worth=lambda cls: low.get(cls, 1.1))).drafts == \
+        out.drafts
+    assert not t_off.chunks and len(t_off.calls) == 4
+    # "guess": the self-draft even where the gate would draft the match (no worth known)
+    always, t_always = make(k=4, matches="guess")
+    assert always.propose(batch([agreeing])).evidence == [SELF_DRAFT] and t_always.chunks
+    gate, _ = make(k=4)
+    assert gate.propose(batch([agreeing])).evidence[0].startswith("context")
+
+
 def test_sampled_batch_hands_q_for_self_drafts_and_one_hot_for_n_grams():
     p, _ = make(k=3)
     out = p.propose(batch([REPEAT, FRESH], temperature=1.0))

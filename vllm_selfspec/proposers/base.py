@@ -126,6 +126,15 @@ class LayerSkipTarget(Protocol):
         compile this mask's."""
         ...
 
+    def draft_chunk(self, rows: torch.Tensor, tokens: torch.Tensor, lens: list[int],
+                    starts: torch.Tensor, mask: SkipMask,
+                    head: torch.Tensor | None = None) -> torch.Tensor:
+        """Several tokens per row in one pass: row i's ``lens[i]`` tokens (``tokens``
+        holds the rows' in turn) at positions ``starts[i]``, ``starts[i] + 1``, ...,
+        writing their KV there; logits at every token [sum(lens), V] (or [.., N] with
+        ``head``), each as a draft step over the same tokens would give them."""
+        ...
+
     def score_masks(self, windows: list[ContextWindow], masks: list[SkipMask]) -> torch.Tensor:
         """Teacher-forced agreement of each mask over the windows, writing no KV:
         [len(masks), total window tokens] bools."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from itertools import takewhile
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from .base import DraftBatch, LayerSkipTarget, Proposal, Proposer, Verification
+from .base import DraftBatch, DraftRequest, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
 from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
@@ -92,6 +93,8 @@ class SelfSpecProposer(Proposer):
         self.vocab_ids: list[int] | None = (list(self.artifacts.draft_vocab)
                                             if self.artifacts.draft_vocab else None)
         self._vocab_size: int | None = None  # asked for before bind()
+        # guessed tokens fed to the first pass, and those drafted as guessed (propose)
+        self.stats.update({"guessed_tokens": 0, "guesses_kept": 0})
 
     def draft_exit_config(self) -> DraftExitConfig:
         """When drafting stops (D&V §3.4: the adaptive threshold)."""
@@ -164,7 +167,14 @@ class SelfSpecProposer(Proposer):
             self.exit.observe(r.drafted, r.accepted, reached_max=r.drafted >= self.k)
 
     @torch.inference_mode()
-    def propose(self, batch: DraftBatch) -> Proposal:
+    def propose(self, batch: DraftBatch,
+                guesses: Mapping[int, Sequence[int]] | None = None) -> Proposal:
+        """Draft autoregressively through the kept sub-layers until the draft-exit threshold
+        or the length limit stops a row. ``guesses`` (batch row -> tokens, e.g. an n-gram
+        match's continuation): the first pass feeds each row's newest token and its guess
+        at once (``draft_chunk``) and keeps the guess up to the first token the draft
+        itself would not have drafted; so the drafts are the ones this loop drafts without
+        guesses, in fewer passes where the guess is right (``_guessed_pass``)."""
         assert self.target is not None, "bind() was not called"
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         reqs = [r for r in batch.requests if r.max_len > 0]
@@ -183,12 +193,19 @@ class SelfSpecProposer(Proposer):
         top_p = torch.tensor([r.top_p for r in reqs], device=dev) if any_sampled else None
         probs = (torch.zeros(len(batch.req_ids), self.k, self.target.vocab_size, device=dev)
                  if any_sampled else None)
+        sampling = (sampled, temperature, top_k, top_p)
 
         active = torch.arange(len(reqs), device=dev)
+        depth = torch.zeros(len(reqs), dtype=torch.long, device=dev)  # drafts per row so far
+        if guesses and any(guesses.get(r.row) for r in reqs):
+            active = self._guessed_pass(reqs, guesses, rows, tokens, positions, max_len, depth,
+                                        sampling, drafts, probs)
         vocab, head = self.vocab, self.head
-        for d in range(self.k):
+        d = 0
+        while active.numel() > 0:
+            at = depth[active]
             # with a draft vocabulary, logits over it only [n, N]
-            logits = self.target.draft_step(rows[active], tokens[active], positions[active] + d,
+            logits = self.target.draft_step(rows[active], tokens[active], positions[active] + at,
                                             self.mask, d, head=head, settled=self.mask_settled)
             # the threshold reads the draft-vocabulary softmax; q is scattered into the full
             # vocabulary (zero outside it: exactly what the draft was drawn from)
@@ -200,8 +217,8 @@ class SelfSpecProposer(Proposer):
                 nxt = vocab.to_target(nxt)
                 q = None if q is None else vocab.scatter(q)
             if probs is not None and q is not None:
-                probs[rows[active], d] = q
-            keep = (conf >= self.exit.threshold) & (d + 1 < max_len[active])
+                probs[rows[active], at] = q
+            keep = (conf >= self.exit.threshold) & (at + 1 < max_len[active])
             if self.agree is not None:  # TP: rank 0's tokens and stops on every rank
                 nxt_l, keep_l = self.agree((nxt.tolist(), keep.tolist()))
                 nxt = torch.tensor(nxt_l, dtype=nxt.dtype, device=dev)
@@ -209,7 +226,67 @@ class SelfSpecProposer(Proposer):
             for i, t in zip(rows[active].tolist(), nxt.tolist()):
                 drafts[i].append(t)
             tokens[active] = nxt
+            depth[active] += 1
             active = active[keep]
-            if active.numel() == 0:
-                break
+            d += 1
         return Proposal(drafts, probs)
+
+    def _guessed_pass(self, reqs: list[DraftRequest], guesses: Mapping[int, Sequence[int]],
+                      rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                      max_len: torch.Tensor, depth: torch.Tensor, sampling: tuple[Any, ...],
+                      drafts: list[list[int]], probs: torch.Tensor | None) -> torch.Tensor:
+        """The first draft pass with guesses: row i feeds its newest token and up to
+        ``max_len - 1`` guessed tokens in one chunk, and drafts at each fed position as a
+        draft step would (argmax, or a sample from that position's q). The row's drafts
+        run while the draft equals the guess (the next position's logits then hold for
+        the draft too: they were computed after that token), up to and including the first
+        draft that differs from it, falls under the threshold or reaches the limit.
+        Sampled rows: a draw at position j is used only when the draws before it equalled
+        the guess, so each draft is drawn from q given the drafts before it, as the loop
+        draws. Returns the rows that draft on (``tokens``/``depth`` updated in place)."""
+        assert self.target is not None
+        sampled, temperature, top_k, top_p = sampling
+        dev = self.target.device
+        fed, lens, guessed = [], [], []
+        for i, r in enumerate(reqs):
+            g = [int(t) for t in (guesses.get(r.row) or ())][: int(max_len[i]) - 1]
+            fed.append(r.token)
+            fed.extend(g)
+            lens.append(len(g) + 1)
+            guessed.append(g)
+        per_token = torch.tensor(lens, device=dev)
+        logits = self.target.draft_chunk(rows, torch.tensor(fed, device=dev), lens, positions,
+                                         self.mask, head=self.head)
+        expand = (lambda x: None if x is None else x.repeat_interleave(per_token))  # noqa: E731
+        nxt, conf, q = choose_tokens(logits, expand(sampled), expand(temperature), expand(top_k),
+                                     expand(top_p), self.generator)
+        if self.vocab is not None:
+            nxt = self.vocab.to_target(nxt)
+            q = None if q is None else self.vocab.scatter(q)
+        nxt_l, sure_l = nxt.tolist(), (conf >= self.exit.threshold).tolist()
+        if self.agree is not None:  # TP: rank 0's drafts on every rank
+            nxt_l, sure_l = self.agree((nxt_l, sure_l))
+        on, base = [], 0
+        confirmed = 0
+        for i, r in enumerate(reqs):
+            g, limit = guessed[i], int(max_len[i])
+            j = 0
+            while True:  # draft j comes from fed token j (the newest token, then the guess)
+                t = nxt_l[base + j]
+                drafts[r.row].append(t)
+                if probs is not None and q is not None:
+                    probs[r.row, j] = q[base + j]
+                j += 1
+                if not sure_l[base + j - 1] or j >= limit:
+                    break  # stopped, as the loop would stop
+                if j > len(g) or t != g[j - 1]:
+                    on.append(i)  # the draft left the guess: the loop drafts on from t
+                    break
+            # the guessed tokens drafted: the drafts' leading run equal to the guess
+            confirmed += sum(1 for _ in takewhile(lambda ab: ab[0] == ab[1],
+                                                  zip(drafts[r.row], g)))
+            tokens[i], depth[i] = t, j
+            base += lens[i]
+        self.stats["guessed_tokens"] += sum(map(len, guessed))
+        self.stats["guesses_kept"] += confirmed
+        return torch.tensor(on, dtype=torch.long, device=dev)

@@ -12,6 +12,12 @@ A composition of two papers' drafters, not either one, so it has its own method 
   through low-bit copies of its weights (key ``draft_weights``), which agree with the
   target's greedy token most of the time for a fraction of a decode step per token; the
   adaptive draft-exit threshold (§3.4) learns from those drafts only.
+* Where a self-draft runs for a request that has a match (held back or passed over), the
+  match is its guess (key ``matches``): the self-draft's first pass feeds it with the
+  newest token and keeps it as far as the self-draft would have drafted the same tokens
+  (``SelfSpecProposer._guessed_pass``), as a draft model checks a cheaper draft's tokens
+  in staged speculative decoding (Spector & Re, 2023). The drafts are the self-draft's
+  own; a guess that holds saves a draft pass per guessed token.
 
 A source the cost gate holds back for a request (its evidence class does not pay) falls
 through to the self-draft, and so does a match whose class the gate predicts to pay less
@@ -49,6 +55,8 @@ from .past_requests import DEFAULT_HISTORY_TOKENS
 from .resolved import Artifacts
 
 SELF_DRAFT = "selfspec"  # the evidence class of the self-draft's drafts
+GATE, GUESS, UNGUESSED = "gate", "guess", "gate-unguessed"  # key matches
+MATCHES = (GATE, GUESS, UNGUESSED)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,13 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
     min_agreement: float = min_agreement_option()
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     datastore: str = option(SHAREGPT, DATASTORE_HELP, "str")
+    matches: str = option(
+        GATE, "what a request's n-gram match does: \"gate\" (the cost gate picks between "
+        "drafting the match and a self-draft that takes the match as its guess: the first "
+        "pass feeds it and keeps it as far as the self-draft agrees, the same drafts in fewer "
+        "passes), \"guess\" (always that self-draft) or \"gate-unguessed\" (the gate picks "
+        "between the match and a self-draft that does not see it)", "str",
+        choices=MATCHES)
 
 
 class NGrammysSelfSpecProposer(SelfSpecProposer):
@@ -99,7 +114,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         evidence = [""] * len(batch.req_ids)
         if batch.token_ids is None or batch.num_tokens is None:
             return Proposal(drafts)
-        rest = []
+        rest, guesses = [], {}
         for r in batch.requests:
             if r.max_len <= 0:
                 continue
@@ -107,7 +122,8 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             rows, labels = self.ngrams.candidates(history, r.req_id)
             cap = batch.cap(r, labels[0]) if rows else 0
             own = batch.cap(r, SELF_DRAFT)
-            if cap > 0 and not (own > 0 and batch.prefers(SELF_DRAFT, labels[0])):
+            if cap > 0 and not (own > 0 and (self.cfg.matches == GUESS
+                                             or batch.prefers(SELF_DRAFT, labels[0]))):
                 drafts[r.row] = [int(t) for t in rows[0][:cap]]
                 evidence[r.row] = labels[0]
                 self.stats["from_" + labels[0].split(":")[0]] += 1
@@ -116,11 +132,13 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                 rest.append(dataclasses.replace(r, max_len=own))
                 evidence[r.row] = SELF_DRAFT
                 self.stats["match_passed_over"] += int(cap > 0)
+                if rows and self.cfg.matches != UNGUESSED:
+                    guesses[r.row] = rows[0]
         probs, timed = None, None
         if rest:
             t0 = time.perf_counter()
             own = super().propose(DraftBatch(batch.req_ids, rest, batch.token_ids,
-                                             batch.num_tokens))
+                                             batch.num_tokens), guesses)
             for r in rest:
                 drafts[r.row] = own.drafts[r.row]
                 if own.drafts[r.row]:
