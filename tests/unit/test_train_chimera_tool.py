@@ -47,3 +47,19 @@ def test_expected_speedup_of_chains():
     # drafted: 3, 3, 2; accepted: 2, 0, 2 -> tokens 1 + 4/3, drafts 8/3
     assert e["tokens_per_step"] == round(1 + 4 / 3, 4) and e["drafts_per_step"] == round(8 / 3, 4)
     assert abs(e["speedup"] - (1 + 4 / 3) / (1 + 0.8 / 3)) < 1e-3
+
+
+def test_autocast_steps_learn_and_say_so(small_vocab_model_path, tmp_path):
+    out = tmp_path / "a.safetensors"
+    report = train_chimera.main([
+        "--model", small_vocab_model_path, "--tokens", "400", "--out", str(out),
+        "--labels", "teacher-forced", "--heads", "2", "--draft-vocab", "256", "--epochs", "12",
+        "--held-out", "4", "--held-out-tokens", "200", "--batch-tokens", "1024",
+        "--max-seq", "256", "--lr", "3e-3", "--autocast"])
+    assert report["training"]["autocast"] == "bfloat16"
+    log = [json.loads(x) for x in (tmp_path / "a.safetensors.work" / "a.train.log.jsonl")
+           .read_text().splitlines()]
+    assert len(log) >= 8 and log[-1]["loss"] < 0.8 * log[0]["loss"], [r["loss"] for r in log]
+    from vllm_selfspec.proposers.chimera import load_checkpoint
+
+    assert load_checkpoint(out, stamp_from_path(small_vocab_model_path)).cfg.num_heads == 2

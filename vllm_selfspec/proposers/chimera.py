@@ -395,11 +395,12 @@ class ChimeraDraftModel(nn.Module):
             else:
                 heads.append(ce)
             mse_terms.append(F.mse_loss(z.float(), h))
-            with torch.no_grad():
-                top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
-                hit = (top == target.unsqueeze(1)).cumsum(dim=1).clamp_max(1)
-                out.correct.append(hit.sum(dim=0))
-                out.counted.append(int(target.numel()))
+            if topk > 0:  # accuracy counts (evaluation); training steps pass 0
+                with torch.no_grad():
+                    top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
+                    hit = (top == target.unsqueeze(1)).cumsum(dim=1).clamp_max(1)
+                    out.correct.append(hit.sum(dim=0))
+                    out.counted.append(int(target.numel()))
         out.mse = torch.stack(mse_terms).mean()
         out.loss = torch.stack(heads).mean() + distill_weight * out.mse
         return out
