@@ -39,18 +39,46 @@ GRAMMARS = {"json": {"json": JSON_SCHEMA},
             "choice": {"choice": ["red", "green", "blue"]}}  # helpers.structured_params
 
 
-@pytest.fixture(scope="module", params=list(methods.METHODS))
-def server(request, model_path, tmp_path_factory):
-    method = request.param
+METHODS = list(methods.METHODS)
+
+
+def _server(method: str, model_path: str, tmp_path_factory: Any) -> sc.Server:
     tmp = tmp_path_factory.mktemp(f"serve-{method}")
     spec: dict[str, Any] = {"method": method}
     if method == "swift":  # its own layer-set cache, not the user's
         spec["mask_cache"] = str(tmp / "swift-mask.json")
     # the engine tests' settings (helpers.ENGINE_KW); the server adds the per-request figures
-    srv = sc.Server(model_path, MODEL, spec, ENGINE_KW["kv_cache_memory_bytes"],
-                    ENGINE_KW["max_model_len"], tmp / "server.log", {sc.FAULT_ENV: ""},
-                    ENGINE_KW["block_size"], ("--max-num-seqs", str(ENGINE_KW["max_num_seqs"])))
-    err = srv.start(timeout=600)
+    return sc.Server(model_path, MODEL, spec, ENGINE_KW["kv_cache_memory_bytes"],
+                     ENGINE_KW["max_model_len"], tmp / "server.log", {sc.FAULT_ENV: ""},
+                     ENGINE_KW["block_size"], ("--max-num-seqs", str(ENGINE_KW["max_num_seqs"])))
+
+
+@pytest.fixture(scope="module")
+def launched(model_path, tmp_path_factory):
+    """Servers launched ahead: while one method's server answers its tests, the next one
+    starts (a server's start-up, most of it importing torch and vLLM in its processes, is
+    the larger part of this module's time). Stopped at the end, whatever ran."""
+    servers: dict[str, sc.Server] = {}
+
+    def get(method: str) -> sc.Server:
+        if method not in servers:
+            servers[method] = _server(method, model_path, tmp_path_factory)
+            servers[method].launch()
+        return servers[method]
+
+    yield get
+    for srv in servers.values():
+        srv.stop()
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def server(request, launched):
+    method = request.param
+    srv = launched(method)
+    i = METHODS.index(method)
+    if i + 1 < len(METHODS):
+        launched(METHODS[i + 1])
+    err = srv.wait(timeout=600)
     if err is not None:
         pytest.fail(f"{method}: {err}")
     try:

@@ -31,7 +31,8 @@ def test_answers_are_stamped_and_split(tiny_corpus, small_vocab_model_path):
     assert not {r["id"] for r in train} & {r["id"] for r in held}
     assert all(0 < len(r["response"]) <= 24 for r in train)
     assert stamp["limits"] == {"max_prompt_tokens": 512, "max_tokens": 24, "held_out": 4,
-                               "seed": 0}
+                               "seed": 0, "dtype": "float32"}
+    assert stamp["answers"] == "greedy (temperature 0), float32"
     assert stamp["engine"] == "transformers" and stamp["generation"]["answer_tokens"] > 0
     from vllm_selfspec.model_info import stamp_from_path
 
@@ -71,6 +72,8 @@ def test_other_limits_or_model_are_refused(tiny_corpus, model_path):
     folder, args = tiny_corpus
     with pytest.raises(corpus.CorpusMismatch, match="max_tokens 24 != 32"):
         corpus.main([*args, "--max-tokens", "32"])
+    with pytest.raises(corpus.CorpusMismatch, match="dtype float32 != bfloat16"):
+        corpus.main([*args, "--dtype", "bfloat16"])
     with pytest.raises(corpus.CorpusMismatch, match="another model"):
         corpus.main([*args[:1], model_path, *args[2:]])
 

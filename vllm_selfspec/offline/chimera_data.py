@@ -67,8 +67,9 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
                        max_prompt_tokens: int = 512, max_tokens: int = 256,
                        batch: int = 64, chunk: int = 128, token_budget: int | None = None,
                        progress: Any = None, states_dir: Path | None = None,
-                       kv_cache_bytes: int = 2 << 30) -> list[dict[str, Any]]:
-    """Greedy answers of the target (vLLM, float32), appended to ``out`` (JSONL) chunk by
+                       kv_cache_bytes: int = 2 << 30, dtype: str = "float32"
+                       ) -> list[dict[str, Any]]:
+    """Greedy answers of the target (vLLM, ``dtype``), appended to ``out`` (JSONL) chunk by
     chunk; stops once the responses hold ``token_budget`` tokens. With ``states_dir`` the
     engine also keeps the states it computes (``control.capture_states``, patch P10) and
     writes each chunk's as a shard there, in ``collect_states``' format: the answers and
@@ -91,7 +92,7 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
         from vllm_selfspec import control
 
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function to the worker
-    llm = engines.track(LLM(model_path, dtype="float32",
+    llm = engines.track(LLM(model_path, dtype=dtype,
                             max_model_len=max_prompt_tokens + max_tokens + 8,
                             max_num_seqs=batch, kv_cache_memory_bytes=kv_cache_bytes, seed=0,
                             # a cached prefix is never computed: its states would be missing

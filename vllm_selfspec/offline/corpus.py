@@ -23,6 +23,7 @@ batched greedy ``generate`` on ``--device``.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -51,10 +52,11 @@ class Limits:
     max_tokens: int = 256
     held_out: int = HELD_OUT_PROMPTS
     seed: int = 0
+    dtype: str = "float32"  # the target's dtype while it answers (and for its states)
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
         return {"max_prompt_tokens": self.max_prompt_tokens, "max_tokens": self.max_tokens,
-                "held_out": self.held_out, "seed": self.seed}
+                "held_out": self.held_out, "seed": self.seed, "dtype": self.dtype}
 
 
 class CorpusMismatch(ValueError):
@@ -83,7 +85,7 @@ def check_stamp(folder: Path, model_stamp: Any, limits: Limits) -> None:
     if why is not None:
         raise CorpusMismatch(f"corpus {folder} holds another model's answers ({why}); "
                              "give another folder")
-    theirs = stamp.get("limits", {})
+    theirs = {"dtype": "float32", **stamp.get("limits", {})}  # older stamps: float32
     diff = {k: (theirs.get(k), v) for k, v in limits.to_json().items() if theirs.get(k) != v}
     if diff:
         raise CorpusMismatch(f"corpus {folder} was made with other limits "
@@ -102,7 +104,7 @@ def write_stamp(folder: Path, model_stamp: Any, limits: Limits, engine: str,
         splits[name] = {"records": len(recs),
                         "answer_tokens": sum(len(r["response"]) for r in recs)}
     stamp = {**old, "model": model_stamp.to_json(), "prompts": PROMPT_SOURCE,
-             "limits": limits.to_json(), "answers": "greedy (temperature 0), float32",
+             "limits": limits.to_json(), "answers": f"greedy (temperature 0), {limits.dtype}",
              "engine": engine, "splits": splits, "date": time.strftime("%Y-%m-%d"),
              "command": "python " + shlex.join(sys.argv),  # the tool that made or read it
              **(extra or {})}
@@ -207,11 +209,12 @@ def generate_responses(model_path: str, convs: list[cd.Conversation], out: Path,
                                  max_tokens=limits.max_tokens, batch=num_seqs,
                                  chunk=max(num_seqs * 4, 128), token_budget=budget,
                                  progress=progress, states_dir=states_dir,
-                                 kv_cache_bytes=kv_cache_bytes(model_path, num_seqs, limits))
+                                 kv_cache_bytes=kv_cache_bytes(model_path, num_seqs, limits),
+                                 dtype=limits.dtype)
 
 
 def kv_cache_bytes(model_path: str, num_seqs: int, limits: Limits) -> int:
-    """KV cache (float32) for ``num_seqs`` sequences of half the longest prompt + answer
+    """KV cache for ``num_seqs`` sequences of half the longest prompt + answer
     (the mean is well under it), at least 2 GiB: more in flight than 2 GiB holds would
     preempt."""
     from transformers import AutoConfig
@@ -219,7 +222,8 @@ def kv_cache_bytes(model_path: str, num_seqs: int, limits: Limits) -> int:
     c = AutoConfig.from_pretrained(model_path)
     heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    per_token = c.num_hidden_layers * 2 * heads * head_dim * 4
+    per_token = c.num_hidden_layers * 2 * heads * head_dim * (2 if limits.dtype == "bfloat16"
+                                                              else 4)
     return max(2 << 30, num_seqs * (limits.max_prompt_tokens + limits.max_tokens) // 2
                * per_token)
 
@@ -228,8 +232,6 @@ def use_all_cores() -> None:
     """vLLM's CPU worker binds to one core and leaves the other to the scheduler; with many
     requests in flight the forward is worth both (docs/chimera.md: tokens per second). Kept
     as set where the user set either variable."""
-    import os
-
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
         return
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
@@ -326,7 +328,7 @@ def measure(model_path: str, convs: list[cd.Conversation], num_seqs: list[int],
     sp = SamplingParams(max_tokens=limits.max_tokens, temperature=0.0)
     rows = []
     for n in num_seqs:
-        llm = engines.track(LLM(model_path, dtype="float32",
+        llm = engines.track(LLM(model_path, dtype=limits.dtype,
                                 max_model_len=limits.max_prompt_tokens + limits.max_tokens + 8,
                                 max_num_seqs=n,
                                 kv_cache_memory_bytes=kv_cache_bytes(model_path, n, limits),
@@ -366,6 +368,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--held-out", type=int, default=HELD_OUT_PROMPTS,
                    help="conversations kept out of training")
     p.add_argument("--seed", type=int, default=0, help="the train / held-out split")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the target's dtype while it answers (vLLM; the transformers route "
+                        "answers in float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--num-seqs", type=int, default=128, help="requests in flight")
     p.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--device", default="cpu", help="transformers route and states: cpu or cuda")
@@ -378,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", default=None, help="write the measurement here")
     args = p.parse_args(argv)
     model_path = resolve_model(args.model)
-    limits = Limits(args.max_prompt_tokens, args.max_tokens, args.held_out, args.seed)
+    limits = Limits(args.max_prompt_tokens, args.max_tokens, args.held_out, args.seed, args.dtype)
     if args.measure:
         use_all_cores()
         train, _ = prompts(limits)
@@ -387,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        progress=lambda r: print(json.dumps(r), flush=True))
         report = {"model": args.model, "prompts": len(convs), "limits": limits.to_json(),
                   "date": time.strftime("%Y-%m-%d"), "rows": rows,
+                  "cpu_binding": {k: os.environ.get(k) for k in
+                                  ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")},
                   "command": "python tools/corpus.py " + shlex.join(
                       sys.argv[1:] if argv is None else argv)}
         if args.json:

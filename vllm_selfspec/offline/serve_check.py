@@ -347,9 +347,19 @@ class Server:
 
     def start(self, timeout: float) -> str | None:
         """Start and wait until it answers; None, or why it did not come up."""
+        self.launch()
+        return self.wait(timeout)
+
+    def launch(self) -> None:
+        """Start the server's processes without waiting for them (``wait``)."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as f:
             self.proc = process_group.start(self.cmd, f, self.env)
+
+    def wait(self, timeout: float) -> str | None:
+        """Wait until the launched server answers; None, or why it did not come up (then
+        it is stopped)."""
+        assert self.proc is not None, "launch() first"
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

@@ -321,8 +321,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     held_tokens = args.held_out_tokens
     if args.labels == "self":
         folder = Path(args.corpus) if args.corpus else work
+        # answers in the dtype the corpus was made in (float32 where it is new)
         limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
-                               seed=args.seed)
+                               seed=args.seed, dtype=corpus.read_limits(folder).dtype)
         bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
                    unit="tok")
         train_recs, held_recs = corpus.answers(model_path, folder, args.tokens, held_tokens,
