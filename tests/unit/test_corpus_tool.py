@@ -33,6 +33,7 @@ def test_answers_are_stamped_and_split(tiny_corpus, small_vocab_model_path):
     assert stamp["limits"] == {"max_prompt_tokens": 512, "max_tokens": 24, "held_out": 4,
                                "seed": 0, "dtype": "float32"}
     assert stamp["answers"] == "greedy (temperature 0), float32"
+    assert stamp["benchmark_filter"]["answers_left_out"] == {"held_out": 0, "train": 0}
     assert stamp["engine"] == "transformers" and stamp["generation"]["answer_tokens"] > 0
     from vllm_selfspec.model_info import stamp_from_path
 
@@ -84,7 +85,7 @@ def test_datastore_of_the_models_own_text(tiny_corpus, small_vocab_model_path, t
     from vllm_selfspec.proposers.past_requests import SEPARATOR
 
     folder, _ = tiny_corpus
-    tokens, meta = corpus.datastore_tokens(folder, 10_000)
+    tokens, meta = corpus.datastore_tokens(folder, 10_000, small_vocab_model_path)
     train = [json.loads(x) for x in (folder / corpus.TRAIN_FILE).read_text().splitlines()]
     assert int((tokens == SEPARATOR).sum()) == len(train) == meta["documents"]
     # the training answers in file order, each closed by the separator; no held-out answer
@@ -95,6 +96,18 @@ def test_datastore_of_the_models_own_text(tiny_corpus, small_vocab_model_path, t
                           "--out", str(out)])
     store = Datastore.load(out)
     assert store.meta["source"].startswith("the model's own") and store.corpus_tokens == tokens.size
+
+
+def test_an_answer_that_quotes_a_benchmark_text_is_left_out(small_vocab_model_path):
+    from transformers import AutoTokenizer
+
+    from vllm_selfspec.builders.benchmark_filter import benchmark_texts
+
+    tok = AutoTokenizer.from_pretrained(small_vocab_model_path)
+    quote = next(t for t in benchmark_texts() if len(t.split()) > 30)  # an MT-bench question
+    recs = [{"id": "clean", "response": tok.encode("A plain answer about cooking rice.")},
+            {"id": "quoting", "response": tok.encode("Sure. " + quote)}]
+    assert [r["id"] for r in corpus.decontaminated(recs, tok)] == ["clean"]
 
 
 def test_chimera_trains_from_the_corpus(tiny_corpus, small_vocab_model_path, tmp_path):

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         from vllm_selfspec.proposers.datastore import Datastore
 
         corpus.check_stamp(Path(args.corpus), stamp, corpus.read_limits(Path(args.corpus)))
-        tokens, meta = corpus.datastore_tokens(Path(args.corpus), args.max_tokens)
+        tokens, meta = corpus.datastore_tokens(Path(args.corpus), args.max_tokens, path)
         store = Datastore(tokens, stamp, meta, "corpus")
     else:
         store = build_datastore(path, stamp, args.max_tokens,

@@ -162,11 +162,32 @@ def answers(model_path: str, folder: Path, tokens: int, held_out_tokens: int,
         extra["generation"] = {"seconds": round(s, 1), "answer_tokens": n,
                                "tokens_per_second": round(n / max(s, 1e-9), 1),
                                "num_seqs": num_seqs}
+    tok = _tokenizer(model_path)
+    kept = {name: decontaminated(recs, tok) for name, recs in done.items()}
+    extra["benchmark_filter"] = {
+        "prompts": "conversations sharing a 13-word run with a benchmark text left out",
+        "answers_left_out": {name: len(done[name]) - len(kept[name]) for name in done}}
     write_stamp(folder, model_stamp, limits, engine, extra)
     held_ids, train_ids = {c.id for c in held}, {c.id for c in train}
-    return (take([r for r in done["train"] if r["id"] in train_ids and r["response"]], tokens),
-            take([r for r in done["held_out"] if r["id"] in held_ids and r["response"]],
+    return (take([r for r in kept["train"] if r["id"] in train_ids and r["response"]], tokens),
+            take([r for r in kept["held_out"] if r["id"] in held_ids and r["response"]],
                  held_out_tokens))
+
+
+def _tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def decontaminated(recs: list[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """The records whose answer shares no 13-word run with a benchmark text
+    (``builders.benchmark_filter``): the prompts were filtered before they were answered,
+    and an answer could still quote one."""
+    from vllm_selfspec.builders.benchmark_filter import benchmark_filter
+
+    bench = benchmark_filter()
+    return [r for r in recs if not bench.contaminated(tokenizer.decode(r["response"]))]
 
 
 def states(model_path: str, folder: Path, train: list[dict[str, Any]],
@@ -297,20 +318,23 @@ def _answer_tokens(folder: Path) -> int:
                for r in cd.read_records(Path(folder) / f))
 
 
-def datastore_tokens(folder: Path, max_tokens: int) -> tuple[Any, dict[str, Any]]:
-    """(tokens, metadata) for a REST datastore: the training answers in file order, each
-    followed by the separator, up to ``max_tokens`` (held-out answers never)."""
-
-
+def datastore_tokens(folder: Path, max_tokens: int, model_path: str
+                     ) -> tuple[Any, dict[str, Any]]:
+    """(tokens, metadata) for a REST datastore: the training answers in file order (those
+    that pass the benchmark filter, ``decontaminated``), each followed by the separator, up
+    to ``max_tokens`` (held-out answers never)."""
     from vllm_selfspec.builders.datastore import separated
 
-    tokens, used = separated((r["response"] for r in cd.read_records(Path(folder) / TRAIN_FILE)),
-                             max_tokens)
+    recs = cd.read_records(Path(folder) / TRAIN_FILE)
+    clean = decontaminated(recs, _tokenizer(model_path))
+    tokens, used = separated((r["response"] for r in clean), max_tokens)
     total = int(tokens.size)
     stamp = read_stamp(folder) or {}
     meta = {"source": f"the model's own greedy answers (corpus {folder}: {PROMPT_SOURCE})",
             "documents": used, "tokens": int(total), "max_tokens": int(max_tokens),
-            "corpus_date": stamp.get("date"), "benchmark_filter": "applied to the prompts"}
+            "corpus_date": stamp.get("date"),
+            "benchmark_filter": f"applied to the prompts and to the answers "
+                                f"({len(recs) - len(clean)} answers left out)"}
     return tokens, meta
 
 
