@@ -230,6 +230,18 @@ def capture_states(worker: Any) -> None:
     patches.patch_state_capture(runner, sink)
 
 
+def forget_states(worker: Any, request_ids: list[str]) -> int:
+    """Drop what ``capture_states`` kept for these requests (caller's or engine ids, as in
+    ``write_states``); the number dropped."""
+    store = getattr(worker.model_runner, "_selfspec_states", {})
+    engine_ids = {k.rsplit("-", 1)[0]: k for k in store}
+    n = 0
+    for req_id in request_ids:
+        n += store.pop(req_id if req_id in store else engine_ids.get(req_id, req_id),
+                       None) is not None
+    return n
+
+
 def write_states(worker: Any, path: str, records: list[tuple[str, str, list[int], list[int]]]
                  ) -> dict[str, Any]:
     """One states shard at ``path`` (the format of ``offline.chimera_data.collect_states``)

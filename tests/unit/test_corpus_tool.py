@@ -67,6 +67,9 @@ def test_a_second_run_generates_nothing(tiny_corpus):
     after = json.loads((folder / corpus.STAMP_FILE).read_text())
     assert (folder / corpus.TRAIN_FILE).read_text() == lines
     assert after["generation"] == before["generation"]
+    # a run that only read it names itself apart; the answering run's command stays
+    assert "read_by" in after and "read_by" not in before
+    assert after["command"] == before["command"] and after["date"] == before["date"]
 
 
 def test_other_limits_or_model_are_refused(tiny_corpus, model_path):

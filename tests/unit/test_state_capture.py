@@ -73,3 +73,13 @@ def test_states_land_at_their_positions_and_bad_records_are_left_out(tmp_path):
     assert list(z["labels"][n:]) == [-1, 3, 4, -1]
     # the states of every record asked for are forgotten, written or not
     assert set(runner._selfspec_states) == {"4-yzabcdef"}
+
+
+def test_forget_states_drops_only_the_requests_named():
+    runner = FakeRunner()
+    worker = SimpleNamespace(model_runner=runner)
+    control.capture_states(worker)
+    runner.step([("0-abcdefgh", [5, 6], 0), ("1-ijklmnop", [1], 0), ("2-qrstuvwx", [3], 0)])
+    # a caller's id and an engine id; "9" was never captured
+    assert control.forget_states(worker, ["0", "2-qrstuvwx", "9"]) == 2
+    assert set(runner._selfspec_states) == {"1-ijklmnop"}

@@ -109,13 +109,14 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
                                 use_tqdm=False)
             recs = [{"id": c.id, "prompt": p, "response": list(o.outputs[0].token_ids)}
                     for c, p, o in zip(part, prompts, outs)]
-            if states_dir is not None:
-                write_engine_states(llm, states_dir, recs, [o.request_id for o in outs])
+            # the answers first: a shard never names a record the answers file lacks
             with out.open("a") as f:
                 for rec in recs:
                     f.write(json.dumps(rec) + "\n")
                     done.append(rec)
                     tokens += len(rec["response"])
+            if states_dir is not None:
+                write_engine_states(llm, states_dir, recs, [o.request_id for o in outs])
             if progress is not None:
                 progress(tokens)
             if token_budget is not None and tokens >= token_budget:
@@ -157,6 +158,9 @@ def write_engine_states(llm: Any, states_dir: Path, recs: list[dict[str, Any]],
             if r["id"] not in done]
     shard = llm.collective_rpc(control.write_states,
                                args=(str(states_dir / shard_name(index)), todo))[0]
+    # records a shard already holds: their captured states are dropped, not kept
+    llm.collective_rpc(control.forget_states, args=(
+        [q for q, r in zip(request_ids, recs) if r["id"] in done],))
     if shard["ids"]:
         add_shard(states_dir, index, shard)
     return shard
