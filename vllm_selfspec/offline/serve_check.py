@@ -353,8 +353,9 @@ class Server:
     def launch(self) -> None:
         """Start the server's processes without waiting for them (``wait``), on a port free
         now (one picked when the server was built may have been taken since)."""
-        self.port = free_port()
-        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+        if "--port" in self.cmd:
+            self.port = free_port()
+            self.cmd[self.cmd.index("--port") + 1] = str(self.port)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as f:
             self.proc = process_group.start(self.cmd, f, self.env)
