@@ -83,3 +83,24 @@ def test_forget_states_drops_only_the_requests_named():
     # a caller's id and an engine id; "9" was never captured
     assert control.forget_states(worker, ["0", "2-qrstuvwx", "9"]) == 2
     assert set(runner._selfspec_states) == {"1-ijklmnop"}
+
+
+def test_a_record_already_in_a_shard_is_forgotten_not_written_again(tmp_path):
+    from vllm_selfspec.offline import chimera_data as cd
+
+    runner = FakeRunner()
+    worker = SimpleNamespace(model_runner=runner)
+    llm = SimpleNamespace(collective_rpc=lambda f, args=(): [f(worker, *args)])
+    control.capture_states(worker)
+    runner.step([("0-abcdefgh", [5, 6, 7], 0), ("1-ijklmnop", [1, 2], 0)])
+    first = cd.write_engine_states(llm, tmp_path, [{"id": "a", "prompt": [5, 6], "response": [7, 8]}],
+                                   ["0"])
+    assert first["ids"] == ["a"]
+    # a resumed run answers "a" again beside "b": only "b" is written, and nothing is kept
+    runner.step([("2-qrstuvwx", [5, 6, 7], 0)])
+    second = cd.write_engine_states(llm, tmp_path, [
+        {"id": "a", "prompt": [5, 6], "response": [7, 8]},
+        {"id": "b", "prompt": [1], "response": [2, 3]}], ["2", "1"])
+    assert second["ids"] == ["b"]
+    assert [s["ids"] for s in cd.read_index(tmp_path)["shards"]] == [["a"], ["b"]]
+    assert runner._selfspec_states == {}
