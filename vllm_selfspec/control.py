@@ -234,12 +234,19 @@ def forget_states(worker: Any, request_ids: list[str]) -> int:
     """Drop what ``capture_states`` kept for these requests (caller's or engine ids, as in
     ``write_states``); the number dropped."""
     store = getattr(worker.model_runner, "_selfspec_states", {})
-    engine_ids = {k.rsplit("-", 1)[0]: k for k in store}
-    n = 0
-    for req_id in request_ids:
-        n += store.pop(req_id if req_id in store else engine_ids.get(req_id, req_id),
-                       None) is not None
-    return n
+    engine_ids = _engine_ids(store)
+    return sum(_pop_request(store, engine_ids, q) is not None for q in request_ids)
+
+
+def _engine_ids(store: dict[str, Any]) -> dict[str, str]:
+    """Caller's id -> vLLM's engine id of a request, which carries a suffix
+    (input_processor.py: assign_request_id): "<id>-<8 characters>"."""
+    return {k.rsplit("-", 1)[0]: k for k in store}
+
+
+def _pop_request(store: dict[str, Any], engine_ids: dict[str, str], req_id: str) -> Any:
+    """What the store kept for a request named by either id (None if nothing)."""
+    return store.pop(req_id if req_id in store else engine_ids.get(req_id, req_id), None)
 
 
 def write_states(worker: Any, path: str, records: list[tuple[str, str, list[int], list[int]]]
@@ -256,13 +263,11 @@ def write_states(worker: Any, path: str, records: list[tuple[str, str, list[int]
     import numpy as np
 
     store = worker.model_runner._selfspec_states
-    # vLLM's engine id of a request is the caller's id with a suffix (input_processor.py:
-    # assign_request_id): "<id>-<8 characters>"
-    engine_ids = {k.rsplit("-", 1)[0]: k for k in store}
+    engine_ids = _engine_ids(store)
     cols: dict[str, list[Any]] = {"tokens": [], "hidden": [], "labels": [], "loss_mask": []}
     ids, missing, lens = [], [], []
     for req_id, rec_id, prompt, response in records:
-        parts = store.pop(req_id if req_id in store else engine_ids.get(req_id, req_id), [])
+        parts = _pop_request(store, engine_ids, req_id) or []
         seq = np.asarray(list(prompt) + list(response), dtype=np.int64)
         n = len(seq)
         if not parts or not response:

@@ -159,8 +159,9 @@ def write_engine_states(llm: Any, states_dir: Path, recs: list[dict[str, Any]],
     shard = llm.collective_rpc(control.write_states,
                                args=(str(states_dir / shard_name(index)), todo))[0]
     # records a shard already holds: their captured states are dropped, not kept
-    llm.collective_rpc(control.forget_states, args=(
-        [q for q, r in zip(request_ids, recs) if r["id"] in done],))
+    held = [q for q, r in zip(request_ids, recs) if r["id"] in done]
+    if held:
+        llm.collective_rpc(control.forget_states, args=(held,))
     if shard["ids"]:
         add_shard(states_dir, index, shard)
     return shard
