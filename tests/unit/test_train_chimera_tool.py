@@ -27,13 +27,41 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     assert json.loads((work / "c.report.json").read_text())["checkpoint"] == report["checkpoint"]
     from vllm_selfspec.offline import chimera_eval
 
-    ev = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path])
+    cache = tmp_path / "eval-cache"
+    ev = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
+                            "--prompts", "humaneval", "--num-prompts", "2", "--max-tokens", "6",
+                            "--cache", str(cache)])
     assert ev["chains"] > 0 and len(ev["table5"]["top_k"]) == 2
     assert {r["heads"] for r in ev["expected"]} == {1, 2}
+    # the bench's prompts, answered by the target and measured like the held-out split
+    he = ev["sets"]["humaneval"]
+    assert 0 < he["positions"] <= 2 * 6 and len(he["top1"]) == 2 and he["answer_dtype"] == "float32"
+    answers = list(cache.rglob("answers.jsonl"))
+    assert len(answers) == 1 and len(answers[0].read_text().splitlines()) == 2
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
     assert again["training"]["steps"] == steps
+
+
+def test_unseen_held_out_prompts_share_no_run_with_training_ones():
+    from vllm_selfspec.offline.chimera_eval import common_opening, unseen_ids, user_text
+
+    opening = list(range(1, 11))  # a chat template's system turn
+    closing = [2, 198, 1, 520, 9531, 198]  # ... and the assistant turn's header
+    def chat(*user): return opening + list(user) + closing
+    train = [{"id": "t0", "prompt": chat(*range(100, 120))},
+             {"id": "t1", "prompt": chat(*range(300, 340))}]
+    held = [{"id": "repeat", "prompt": chat(7, *range(105, 113), 9)},
+            {"id": "short-overlap", "prompt": chat(*range(100, 107), 50, 51)},
+            {"id": "cut", "prompt": list(range(330, 340)) + closing},  # cut to its last tokens
+            {"id": "new", "prompt": chat(*range(200, 230))},
+            {"id": "new-end", "prompt": chat(60, 61, 62, 338, 339)}]  # shares only the template
+    prompts = [r["prompt"] for r in train + held]
+    assert common_opening(prompts) == len(opening)
+    assert common_opening([p[::-1] for p in prompts]) == len(closing)
+    assert user_text(prompts)[held.index(held[2]) + len(train)] == list(range(330, 340))
+    assert unseen_ids(held, train) == {"short-overlap", "new", "new-end"}
 
 
 def test_expected_speedup_of_chains():

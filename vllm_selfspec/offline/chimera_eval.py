@@ -2,7 +2,15 @@
 drafter would verify, priced by the measured cost of a draft token.
 
     python -m vllm_selfspec.offline.chimera_eval --checkpoint CKPT.safetensors \\
-        --work CKPT.work --draft-cost 0.08 --verify-cost 0.031 --json OUT.json
+        --work CKPT.work --draft-cost 0.08 --verify-cost 0.031 --json OUT.json \\
+        --prompts mtbench,humaneval
+
+Besides the whole held-out split it reports the held-out answers whose prompts share no
+8-token run with a training prompt (ShareGPT repeats many prompts nearly word for word,
+and the target answers a repeat as it answered the original), and with ``--prompts`` the
+same figures on the bench's own prompt sets: the target answers them greedily
+(transformers, ``--answer-dtype``) and its states are taken as for training, so the
+heads are measured on what the engine meets there. Nothing is trained on those answers.
 
 Teacher-forced on the held-out split of ``tools/train_chimera.py``: a chain starting at
 position n is head 0 at n, head 1 at n+1, ... (each head sees the tokens before it,
@@ -17,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+UNSEEN_NGRAM = 8  # tokens: a held-out prompt sharing a run this long with a training one is a repeat
 
 THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6)
 
@@ -86,6 +97,97 @@ def speedup_table(correct: np.ndarray, conf: np.ndarray, draft_cost: float,
             for h in range(1, correct.shape[1] + 1) for th in THRESHOLDS]
 
 
+def summary(model: Any, data: Any, draft_cost: float, verify_cost: float) -> dict[str, Any]:
+    """Table 5 and the chain figures of ``data`` (teacher-forced): top-1 per head and the
+    expected tokens per step drafting every head (no confidence stop)."""
+    from vllm_selfspec.offline.train_chimera import evaluate
+
+    table5 = evaluate(model, data, 4096, 768, "cpu")
+    correct, conf = chain_stats(model, data)
+    heads = correct.shape[1]
+    every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
+    return {"positions": data.num_tokens, "table5": table5,
+            "top1": [round(r[0], 4) for r in table5["top_k"]],
+            "tokens_per_step": every["tokens_per_step"], "chains": int(correct.shape[0]),
+            "_chains": (correct, conf)}
+
+
+def common_opening(prompts: list[list[int]], share: float = 0.5) -> int:
+    """Length of the token prefix at least ``share`` of the prompts start with (the chat
+    template's system turn; a prompt cut to its last tokens has lost it)."""
+    live, i = prompts, 0
+    while True:
+        counts = Counter(p[i] for p in live if len(p) > i)
+        if not counts:
+            return i
+        tok, n = counts.most_common(1)[0]
+        if n < share * len(prompts):
+            return i
+        live = [p for p in live if len(p) > i and p[i] == tok]
+        i += 1
+
+
+def user_text(prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts without the chat template's common opening and closing (the system turn,
+    the assistant turn's header), where a prompt has them."""
+    head = common_opening(prompts)
+    tail = common_opening([p[::-1] for p in prompts])
+    opening = list(Counter(tuple(p[:head]) for p in prompts).most_common(1)[0][0])
+    closing = list(Counter(tuple(p[len(p) - tail:]) for p in prompts).most_common(1)[0][0])
+    out = []
+    for p in prompts:
+        lo = head if p[:head] == opening else 0
+        hi = len(p) - tail if tail and p[len(p) - tail:] == closing else len(p)
+        out.append(p[lo:max(lo, hi)])
+    return out
+
+
+def unseen_ids(held: list[dict[str, Any]], train: list[dict[str, Any]],
+               n: int = UNSEEN_NGRAM) -> set[str]:
+    """Ids of held-out records whose prompt (without the template's common opening and
+    closing) shares no ``n``-token run with a training prompt."""
+    texts = user_text([r["prompt"] for r in held + train])
+
+    def grams(ids: list[int]) -> set[tuple[int, ...]]:
+        return {tuple(ids[i: i + n]) for i in range(len(ids) - n + 1)}
+
+    seen: set[tuple[int, ...]] = set()
+    for t in texts[len(held):]:
+        seen |= grams(t)
+    return {r["id"] for r, t in zip(held, texts) if not (grams(t) & seen)}
+
+
+def prompt_set_states(model_path: str, name: str, num: int, max_tokens: int, dtype: str,
+                      folder: Path) -> list[Path]:
+    """States shards of the target's greedy answers to the first ``num`` bench prompts of
+    ``name`` (``load_prompts``, the test split, as ``tools/bench.py`` builds them), answered
+    one at a time with transformers in ``dtype``; cached (resumable) in ``folder``."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vllm_selfspec.builders.datasets import load_prompts
+    from vllm_selfspec.offline.chimera_data import collect_states, read_records
+
+    folder.mkdir(parents=True, exist_ok=True)
+    answers = folder / "answers.jsonl"
+    done = read_records(answers)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    todo = load_prompts(name, tok, "test", num)[len(done):]
+    if todo:
+        torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
+        with torch.inference_mode(), answers.open("a") as f:
+            for pr in tqdm(todo, desc=f"{name}: answers", unit="prompt"):
+                x = torch.tensor([pr.token_ids])
+                g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                   max_new_tokens=max_tokens,
+                                   pad_token_id=tok.eos_token_id)[0, x.shape[1]:].tolist()
+                f.write(json.dumps({"id": pr.id, "prompt": pr.token_ids, "response": g}) + "\n")
+        done = read_records(answers)
+    return collect_states(model_path, done, folder / "states")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,13 +200,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--verify-cost", type=float, default=0.031,
                    help="decode steps per extra verified token")
     p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--prompts", default="",
+                   help="comma-separated bench prompt sets (mtbench, humaneval, ...) to measure "
+                        "the heads on besides the held-out split")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--answer-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the target's dtype while it answers --prompts (the bench checks float32)")
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "vllm-selfspec" / "chimera-eval"),
+                   help="where the answers and states of --prompts are kept (per model)")
     args = p.parse_args(argv)
 
     import torch
 
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.model_info import stamp_from_path
-    from vllm_selfspec.offline.train_chimera import Sequences, _target_state, evaluate
+    from vllm_selfspec.offline.chimera_data import read_records
+    from vllm_selfspec.offline.corpus import HELD_OUT_FILE, TRAIN_FILE
+    from vllm_selfspec.offline.train_chimera import Sequences, _target_state
     from vllm_selfspec.proposers.chimera import load_checkpoint
 
     model_path = resolve_model(args.model)
@@ -116,23 +229,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     embed = state["model.embed_tokens.weight"]
     model.bind_target(embed, state.get("lm_head.weight", embed))
     index = json.loads((work / "states-heldout" / "index.json").read_text())
-    held = Sequences.load([work / "states-heldout" / s["file"] for s in index["shards"]])
+    shards = [work / "states-heldout" / s["file"] for s in index["shards"]]
+    held = Sequences.load(shards)
+    costs = (args.draft_cost, args.verify_cost)
     with torch.no_grad():
-        table5 = evaluate(model, held, 4096, 768, "cpu")
-        correct, conf = chain_stats(model, held)
-    rows = speedup_table(correct, conf, args.draft_cost, args.verify_cost)
+        whole = summary(model, held, *costs)
+    correct, conf = whole.pop("_chains")
+    rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
-    report = {"checkpoint": str(ckpt), "table5": table5, "chains": int(correct.shape[0]),
+    report = {"checkpoint": str(ckpt), "table5": whole["table5"], "chains": whole["chains"],
               "draft_cost": args.draft_cost, "verify_cost": args.verify_cost,
-              "expected": rows, "best": best}
+              "expected": rows, "best": best, "sets": {"held_out": _brief(whole)}}
     print("Table 5 (held-out, top-1..5 per head):")
-    for i, r in enumerate(table5["top_k"]):
+    for i, r in enumerate(whole["table5"]["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in r))
     print(f"best expected: {best}")
+    held_recs, train_recs = read_records(work / HELD_OUT_FILE), read_records(work / TRAIN_FILE)
+    if held_recs and train_recs:
+        unseen = unseen_ids(held_recs, train_recs)
+        if unseen:
+            with torch.no_grad():
+                s = summary(model, Sequences.load(shards, keep=unseen), *costs)
+            s.pop("_chains")
+            report["sets"]["held_out_unseen"] = {**_brief(s), "records": len(unseen),
+                                                 "of": len(held_recs)}
+    cache = Path(args.cache) / (stamp.fingerprint or Path(model_path).name)
+    for name in [x for x in args.prompts.split(",") if x]:
+        folder = cache / f"{name}-{args.num_prompts}x{args.max_tokens}-{args.answer_dtype}"
+        with torch.no_grad():
+            s = summary(model, Sequences.load(prompt_set_states(
+                model_path, name, args.num_prompts, args.max_tokens, args.answer_dtype, folder)),
+                *costs)
+        s.pop("_chains")
+        report["sets"][name] = {**_brief(s), "answer_dtype": args.answer_dtype}
+    for name, s in report["sets"].items():
+        print(f"{name}: {s['positions']} positions, top-1 per head "
+              + " ".join(f"{x:.3f}" for x in s["top1"])
+              + f", expected tokens per step {s['tokens_per_step']:.2f}")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _brief(s: dict[str, Any]) -> dict[str, Any]:
+    return {k: s[k] for k in ("positions", "top1", "tokens_per_step", "chains")}
 
 
 if __name__ == "__main__":
