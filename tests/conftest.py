@@ -8,11 +8,6 @@ import pytest
 
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # control RPCs to local workers
 
-# modules that share a session engine run on one worker (``make test``: pytest-xdist,
-# --dist loadgroup); every other module is a group of its own
-SHARED_ENGINE_GROUPS = {"test_selfspec_engine.py": "selfspec_engine",
-                        "test_draft_weights_engine.py": "selfspec_engine"}
-
 
 def _pin_to_worker_share() -> None:
     """Under pytest-xdist the engines and servers each worker starts keep to its own share of
@@ -35,13 +30,6 @@ def _pin_to_worker_share() -> None:
 
 
 _pin_to_worker_share()
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_GROUPS.get(name, str(item.path))))
 
 
 @pytest.fixture(scope="session")
