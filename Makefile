@@ -35,11 +35,8 @@ quickstart: setup
 lint: setup
 	$(BIN)/ruff check .
 
-# two pytest-xdist workers, each module on one (--dist loadfile: its engines stay shared),
-# each worker's engines on its own core (tests/conftest.py); TEST_WORKERS=1: one worker
-TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 # every registered method in serving (tools/serve_check.py): 8 clients for a minute per server,
 # one server at a time (~25 min on 2 cores); `make test` runs a short version

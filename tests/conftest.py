@@ -9,29 +9,6 @@ import pytest
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # control RPCs to local workers
 
 
-def _pin_to_worker_share() -> None:
-    """Under pytest-xdist the engines and servers each worker starts keep to its own share of
-    this process's cores: vLLM's CPU worker binds its OpenMP threads to
-    ``VLLM_CPU_OMP_THREADS_BIND`` (vllm/utils/ompmultiprocessing.py), and its automatic
-    binding would put every worker's engines on the same last core. The worker's own torch
-    work gets as many threads as its share. Kept as set where the user set it, or with
-    fewer cores than workers."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or count < 2 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < count:
-        return
-    i = int(worker[2:])
-    share = cpus[i * len(cpus) // count: (i + 1) * len(cpus) // count]
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in share)
-    os.environ["OMP_NUM_THREADS"] = str(len(share))
-
-
-_pin_to_worker_share()
-
-
 @pytest.fixture(scope="session")
 def model_path() -> str:
     from vllm_selfspec.assets import resolve_model
