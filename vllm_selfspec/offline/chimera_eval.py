@@ -97,19 +97,19 @@ def speedup_table(correct: np.ndarray, conf: np.ndarray, draft_cost: float,
             for h in range(1, correct.shape[1] + 1) for th in THRESHOLDS]
 
 
-def summary(model: Any, data: Any, draft_cost: float, verify_cost: float) -> dict[str, Any]:
-    """Table 5 and the chain figures of ``data`` (teacher-forced): top-1 per head and the
-    expected tokens per step drafting every head (no confidence stop)."""
+def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
+            ) -> tuple[dict[str, Any], dict[str, Any], tuple[np.ndarray, np.ndarray]]:
+    """(figures, Table 5, chains) of ``data``, teacher-forced: the figures are top-1 per head
+    and the expected tokens per step drafting every head (no confidence stop)."""
     from vllm_selfspec.offline.train_chimera import evaluate
 
     table5 = evaluate(model, data, 4096, 768, "cpu")
     correct, conf = chain_stats(model, data)
     heads = correct.shape[1]
     every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
-    return {"positions": data.num_tokens, "table5": table5,
-            "top1": [round(r[0], 4) for r in table5["top_k"]],
-            "tokens_per_step": every["tokens_per_step"], "chains": int(correct.shape[0]),
-            "_chains": (correct, conf)}
+    figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
+               "tokens_per_step": every["tokens_per_step"], "chains": int(correct.shape[0])}
+    return figures, table5, (correct, conf)
 
 
 def common_opening(prompts: list[list[int]], share: float = 0.5) -> int:
@@ -233,15 +233,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     held = Sequences.load(shards)
     costs = (args.draft_cost, args.verify_cost)
     with torch.no_grad():
-        whole = summary(model, held, *costs)
-    correct, conf = whole.pop("_chains")
+        whole, table5, (correct, conf) = summary(model, held, *costs)
     rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
-    report = {"checkpoint": str(ckpt), "table5": whole["table5"], "chains": whole["chains"],
+    report = {"checkpoint": str(ckpt), "table5": table5, "chains": whole["chains"],
               "draft_cost": args.draft_cost, "verify_cost": args.verify_cost,
-              "expected": rows, "best": best, "sets": {"held_out": _brief(whole)}}
+              "expected": rows, "best": best, "sets": {"held_out": whole}}
     print("Table 5 (held-out, top-1..5 per head):")
-    for i, r in enumerate(whole["table5"]["top_k"]):
+    for i, r in enumerate(table5["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in r))
     print(f"best expected: {best}")
     held_recs, train_recs = read_records(work / HELD_OUT_FILE), read_records(work / TRAIN_FILE)
@@ -249,9 +248,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         unseen = unseen_ids(held_recs, train_recs)
         if unseen:
             with torch.no_grad():
-                s = summary(model, Sequences.load(shards, keep=unseen), *costs)
-            s.pop("_chains")
-            report["sets"]["held_out_unseen"] = {**_brief(s), "records": len(unseen),
+                s = summary(model, Sequences.load(shards, keep=unseen), *costs)[0]
+            report["sets"]["held_out_unseen"] = {**s, "records": len(unseen),
                                                  "of": len(held_recs)}
     cache = Path(args.cache) / (stamp.fingerprint or Path(model_path).name)
     for name in [x for x in args.prompts.split(",") if x]:
@@ -259,9 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with torch.no_grad():
             s = summary(model, Sequences.load(prompt_set_states(
                 model_path, name, args.num_prompts, args.max_tokens, args.answer_dtype, folder)),
-                *costs)
-        s.pop("_chains")
-        report["sets"][name] = {**_brief(s), "answer_dtype": args.answer_dtype}
+                *costs)[0]
+        report["sets"][name] = {**s, "answer_dtype": args.answer_dtype}
     for name, s in report["sets"].items():
         print(f"{name}: {s['positions']} positions, top-1 per head "
               + " ".join(f"{x:.3f}" for x in s["top1"])
@@ -270,10 +267,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _brief(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: s[k] for k in ("positions", "top1", "tokens_per_step", "chains")}
 
 
 if __name__ == "__main__":
