@@ -124,10 +124,14 @@ def test_answers_identical_to_plain(server, eval_prompts, reference):
 
 
 def test_structured_outputs_identical_to_plain(server, eval_prompts, structured_reference):
+    """Each grammar's prompts in flight together, as the plain reference ran them
+    (helpers.structured_outputs: one ``generate`` per grammar)."""
     _, srv = server
     prompts = _prompt_ids(eval_prompts)[:STRUCTURED_PROMPTS]
-    got = {name: [_ids(_complete(srv, p, structured_outputs=g)) for p in prompts]
-           for name, g in GRAMMARS.items()}
+    with ThreadPoolExecutor(ENGINE_KW["max_num_seqs"]) as pool:
+        got = {name: [_ids(a) for a in pool.map(
+                   lambda p, g=g: _complete(srv, p, structured_outputs=g), prompts)]
+               for name, g in GRAMMARS.items()}
     assert got == structured_reference
 
 
