@@ -35,8 +35,10 @@ quickstart: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# the engine tests and the unit tests side by side, one core each (tests/run.py;
+# `tests/run.py --serial`: one pytest process)
 test: lint
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python tests/run.py --durations=15
 
 # every registered method in serving (tools/serve_check.py): 8 clients for a minute per server,
 # one server at a time (~25 min on 2 cores); `make test` runs a short version

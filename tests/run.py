@@ -1,0 +1,80 @@
+"""`make test`: the engine tests and the unit tests side by side, one core each.
+
+Every engine test binds its vLLM worker to one core (vLLM's CPU worker keeps the others for
+its scheduler, which in the test process is mostly idle), so on a two-core machine the unit
+tests, which start no engine of their own in this process, run on the other core at the same
+time, at the lowest priority so that whatever of the engine run lands on that core goes first:
+the suite takes about as long as the engine tests alone. Two pytest processes over one
+set of engines were tried and gave up (pytest-xdist: every engine test took twice as long on
+two busy cores, and one module's shared engine broke); here the engine tests keep one process
+and their order.
+
+With fewer than two cores (or ``--serial``) it runs one ``pytest tests`` as before. Extra
+arguments go to both pytest runs. The unit run's output goes to ``out/unit-tests.log`` and is
+printed after the engine run's; the exit status is non-zero when either failed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_DIRS = ["tests/engine", "tests/serving"]
+UNIT_DIRS = ["tests/unit"]
+BIND = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+
+
+def pytest(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", *args]
+
+
+def split_env(cores: list[int]) -> tuple[dict[str, str], dict[str, str], int]:
+    """(the engine run's environment, the unit run's, the unit run's core): the engine
+    workers on the first core, the unit run on the last. A binding the user set is kept for
+    the engine run."""
+    engine, unit = dict(os.environ), dict(os.environ)
+    if not any(k in os.environ for k in BIND):
+        engine["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[0])
+    # anything in the unit run that starts a vLLM worker (the corpus tool's tests) stays on
+    # its core instead of vLLM's auto-binding, which wants a core for its scheduler
+    unit["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[-1])
+    unit["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    return engine, unit, cores[-1]
+
+
+def _pin_low(core: int) -> None:
+    """The unit run on ``core`` at the lowest priority: a thread of the engine run that
+    lands on that core (its test process, a ``vllm serve`` child) takes it first."""
+    os.sched_setaffinity(0, {core})
+    os.nice(19)
+
+
+def main(argv: list[str]) -> int:
+    serial = "--serial" in argv
+    args = [a for a in argv if a != "--serial"]
+    cores = sorted(os.sched_getaffinity(0))
+    if serial or len(cores) < 2:
+        return subprocess.call(pytest([*args, "tests"]), cwd=ROOT)
+    engine_env, unit_env, unit_core = split_env(cores)
+    log = ROOT / "out" / "unit-tests.log"
+    log.parent.mkdir(exist_ok=True)
+    t0 = time.time()
+    with log.open("w") as f:
+        unit = subprocess.Popen(pytest([*args, *UNIT_DIRS]), cwd=ROOT, env=unit_env, stdout=f,
+                                stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: _pin_low(unit_core))
+        engine_rc = subprocess.call(pytest([*args, *ENGINE_DIRS]), cwd=ROOT, env=engine_env)
+        unit_rc = unit.wait()
+    print(f"\n==== unit tests (core {unit_core}, {log.relative_to(ROOT)}) ====")
+    print(log.read_text(), end="")
+    print(f"==== engine tests exit {engine_rc}, unit tests exit {unit_rc}, "
+          f"{time.time() - t0:.0f} s in all ====")
+    return engine_rc or unit_rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
