@@ -4,12 +4,11 @@ Every engine test binds its vLLM worker to one core (vLLM's CPU worker keeps the
 its scheduler, which in the test process is mostly idle), so on a two-core machine the unit
 tests, which start no engine of their own in this process, run on the other core at the same
 time, at the lowest priority so that whatever of the engine run lands on that core goes first:
-the suite takes about as long as the engine tests alone. Two pytest processes over one
-set of engines were tried and gave up (pytest-xdist: every engine test took twice as long on
-two busy cores, and one module's shared engine broke); here the engine tests keep one process
-and their order.
+the suite takes little longer than the engine tests alone (docs/layout.md). The engine tests keep one
+process and their order: spread over pytest-xdist workers, every engine test took twice as
+long on two busy cores and one module's shared engine broke.
 
-With fewer than two cores (or ``--serial``) it runs one ``pytest tests`` as before. Extra
+With fewer than two cores (or ``--serial``) it runs one ``pytest tests``. Extra
 arguments go to both pytest runs. The unit run's output goes to ``out/unit-tests.log`` and is
 printed after the engine run's; the exit status is non-zero when either failed.
 """

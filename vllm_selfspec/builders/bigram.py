@@ -80,18 +80,15 @@ def bigram_topk(model: Any, top_k: int, start: int = 0, end: int | None = None,
     end = vocab_size(model) if end is None else end
     dev = next(model.parameters()).device
     past = _prefix_cache(model, prefix, dev)
+    context = len(prefix or []) + 1  # the prefix and x
     ids_out = np.empty((end - start, top_k), dtype=np.int32)
     probs_out = np.empty((end - start, top_k), dtype=np.float32)
     for lo in progress(range(start, end, batch_size)):
         hi = min(end, lo + batch_size)
         x = torch.arange(lo, hi, device=dev).unsqueeze(1)
-        kw: dict[str, Any] = {}
-        if past is not None:
-            kw["past_key_values"] = copy.deepcopy(past)
-            kw["past_key_values"].batch_repeat_interleave(hi - lo)
-        mask = torch.ones(hi - lo, len(prefix or []) + 1, dtype=torch.long, device=dev)
-        logits = model(input_ids=x, attention_mask=mask, use_cache=False, logits_to_keep=1,
-                       **kw).logits[:, -1].float()
+        mask = torch.ones(hi - lo, context, dtype=torch.long, device=dev)
+        logits = model(input_ids=x, attention_mask=mask, past_key_values=_repeated(past, hi - lo),
+                       use_cache=False, logits_to_keep=1).logits[:, -1].float()
         p, i = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
         ids_out[lo - start: hi - start] = i.cpu().numpy()
         probs_out[lo - start: hi - start] = p.cpu().numpy()
@@ -104,6 +101,15 @@ def _prefix_cache(model: Any, prefix: list[int] | None, dev: torch.device) -> An
         return None
     pre = torch.tensor([list(prefix)], dtype=torch.long, device=dev)
     return model(input_ids=pre, use_cache=True, logits_to_keep=1).past_key_values
+
+
+def _repeated(past: Any, n: int) -> Any:
+    """A copy of the batch-1 cache ``past`` for a batch of ``n`` (the forward extends it)."""
+    if past is None:
+        return None
+    out = copy.deepcopy(past)
+    out.batch_repeat_interleave(n)
+    return out
 
 
 @torch.inference_mode()
