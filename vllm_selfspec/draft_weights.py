@@ -50,16 +50,22 @@ class DraftWeightsError(ValueError):
 @dataclass
 class WeightCapture:
     """P8's hook: low-bit copies of every linear layer's weight for each wanted kernel
-    (``low_bit.allowed_kernels``), made while vLLM loads the model (this rank's shard)."""
+    (``low_bit.allowed_kernels``), made while vLLM loads the model (this rank's shard).
+    With activation scales (key ``smoothing``: {vLLM layer prefix: absmax of its input},
+    ``builders.activation_scales``) and ``alpha`` > 0, the copies for kernels that
+    quantize activations are smoothed (SmoothQuant); a layer the scales do not name is not."""
 
     formats: tuple[str, ...]
+    scales: dict[str, torch.Tensor] = field(default_factory=dict)
+    alpha: float = 0.0
     copies: dict[int, tuple[Any, dict[str, LowBitLinear]]] = field(default_factory=dict)
 
     def __call__(self, layer: Any) -> None:
         w = getattr(layer, "weight", None)
         if not isinstance(w, torch.Tensor) or w.ndim != 2 or w.is_meta or w.numel() == 0:
             return
-        self.copies[id(layer)] = (layer, low_bit_forms(w, self.formats))
+        absmax = self.scales.get(str(getattr(layer, "prefix", "")))
+        self.copies[id(layer)] = (layer, low_bit_forms(w, self.formats, absmax, self.alpha))
 
 
 class _LowBitMethod:
@@ -115,7 +121,9 @@ class LowBitDraft:
         # the LM head over the full vocabulary (a draft vocabulary's rows: at first use)
         head_rows = head_weight[:vocab_size]
         hn, hk = head_rows.shape
-        head_forms = low_bit_forms(head_rows, allowed)
+        self.head_absmax = capture.scales.get("lm_head")
+        self.alpha = capture.alpha
+        head_forms = low_bit_forms(head_rows, allowed, self.head_absmax, self.alpha)
         if not table.has(hn, hk, ["full", *head_forms]):
             table.times[shape_key(hn, hk)] = measure_shape(
                 [module_linear(head_module) if head_module is not None
@@ -133,6 +141,7 @@ class LowBitDraft:
         self.swaps: list[tuple[Any, _LowBitMethod]] = []
         self.forms: dict[int, LowBitLinear] = {}  # id(module) -> its chosen low-bit copy
         self.counts: dict[str, int] = {}
+        self.smoothed = 0  # layers whose chosen copy is smoothed (the head included)
         for m, forms in linears:
             n, k = _out_in(m, forms)
             fmt = table.choose(n, k, [f for f in allowed if f in forms])
@@ -140,10 +149,12 @@ class LowBitDraft:
             if fmt != "full":
                 self.swaps.append((m, _LowBitMethod(forms[fmt])))
                 self.forms[id(m)] = forms[fmt]
+                self.smoothed += forms[fmt].smooth is not None
         capture.copies.clear()  # the copies not chosen go
         self.native = [(m, m.quant_method) for m, _ in self.swaps]
         self.head_format = table.choose(hn, hk, head_forms)
         self.head = head_forms.get(self.head_format)
+        self.smoothed += self.head is not None and self.head.smooth is not None
         self._subsets: dict[tuple[int, tuple[int, ...]], LowBitLinear | None] = {}
         self._head_processor = getattr(adapter.lm, "logits_processor", None)
 
@@ -154,12 +165,15 @@ class LowBitDraft:
 
     def describe(self) -> str:
         layers = ", ".join(f"{n} {f}" for f, n in sorted(self.counts.items()))
+        smooth = (f"; {self.smoothed} smoothed, migration strength {self.alpha:.2f}"
+                  if self.smoothed else "")
         return (f"draft weights {self.draft_weights} (linear layers: {layers}; LM head "
-                f"{self.head_format}; {self.nbytes / 2**20:.1f} MiB)")
+                f"{self.head_format}; {self.nbytes / 2**20:.1f} MiB{smooth})")
 
     def report(self) -> dict[str, Any]:
         return {"draft_weights": self.draft_weights, "linear_formats": dict(self.counts),
-                "head_format": self.head_format, "draft_weights_bytes": self.nbytes}
+                "head_format": self.head_format, "draft_weights_bytes": self.nbytes,
+                "smoothed_layers": self.smoothed}
 
     @property
     def walk_dtype(self) -> torch.dtype:
@@ -206,7 +220,7 @@ class LowBitDraft:
         if key in self._subsets:
             return
         n, k = rows.shape
-        forms = low_bit_forms(rows, self.allowed)
+        forms = low_bit_forms(rows, self.allowed, self.head_absmax, self.alpha)
         if not self.table.has(n, k, ["full", *forms]):
             self.table.times[shape_key(n, k)] = measure_shape(
                 [lambda x: x @ rows.t()], [forms], k, self.dtype, self.device)

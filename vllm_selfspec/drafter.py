@@ -154,7 +154,13 @@ class PluginDrafter:
             from vllm_selfspec.draft_weights import WeightCapture
             from vllm_selfspec.proposers.low_bit import allowed_kernels
 
-            self.capture = WeightCapture(allowed_kernels(opts["draft_weights"]))
+            scales: dict[str, Any] = {}
+            if self.refs.activation_scales:  # key smoothing (resolvers.py)
+                from vllm_selfspec.builders.activation_scales import load_scales
+
+                scales = load_scales(self.refs.activation_scales)
+            self.capture = WeightCapture(allowed_kernels(opts["draft_weights"]), scales,
+                                         float(opts.get("smoothing") or 0.0))
             patches.capture_weights(self.capture)
         patches.patch_runner_bridge()
         patches.patch_cpu_expand()  # in case the platform registered kernels before us

@@ -144,7 +144,7 @@ SELFSPEC = Method(
     aliases=("draft_verify", "draft-and-verify", "self_speculative"),
     proposer=SelfSpecProposer,
     skip_mask=resolvers.resolve_skip_mask,
-    prepare=resolvers.resolve_draft_vocab,
+    prepare=resolvers.resolve_self_draft_artifacts,
     default_k=12,
     summary="Draft & Verify: the model drafts for itself with a skip mask over attention/MLP "
             "sub-layers; adaptive draft exit",
@@ -171,7 +171,7 @@ LAYERSKIP = Method(
     aliases=("layer_skip", "early_exit"),
     proposer=EarlyExitProposer,
     skip_mask=resolvers.resolve_exit_mask,
-    prepare=resolvers.resolve_draft_vocab,
+    prepare=resolvers.resolve_self_draft_artifacts,
     default_k=6,  # the LayerSkip README's --num_speculations 6
     summary="LayerSkip: drafts with the first exit_layer layers and the model's shared LM "
             "head (early exit), verified by the full model",

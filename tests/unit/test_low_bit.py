@@ -16,6 +16,7 @@ from vllm_selfspec.proposers.low_bit import (
     measure_shape,
     quantize,
     quantize_int8,
+    smoothing_factors,
 )
 
 CPU = torch.device("cpu")
@@ -151,3 +152,46 @@ def test_key_is_validated(method):
 def test_key_is_refused_where_nothing_drafts_through_layers():
     with pytest.raises(methods.SelfSpecConfigError, match="unknown key 'draft_weights'"):
         methods.split_config({"method": "ngrammys", "draft_weights": "int8"})
+
+
+def _outlier_input(rows=8, k=64, seed=3):
+    """Activations whose first 4 channels run 20x larger than the rest (as after an RMSNorm
+    with a few large gains): the case activation quantization loses most on."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[:, :4] *= 20.0
+    return x
+
+
+def test_smoothing_factors_follow_smoothquant():
+    w = _weight()
+    a = torch.rand(64) + 0.1
+    s = smoothing_factors(a, w, 0.5)
+    assert s.shape == (64,)
+    assert torch.allclose(s, a.sqrt() / w.abs().amax(0).sqrt())
+    # a channel never seen active keeps its scale
+    a[5] = 0.0
+    assert smoothing_factors(a, w, 0.5)[5] == 1.0
+
+
+@pytest.mark.parametrize("fmt", ["w8a8", "w8a8-fbgemm"])
+def test_smoothing_moves_activation_outliers_into_the_weights(fmt):
+    """SmoothQuant: with the input's absmax, the copy of a kernel that quantizes
+    activations computes the layer closer to the float product; the weight-only kernel's
+    copy is left as it is (its activations are not quantized)."""
+    if fmt == "w8a8" and not _vllm_cpu_ops():
+        pytest.skip("w8a8 runs vLLM's CPU kernel: not in this vLLM build")
+    if not kernels_available(fmt, CPU):
+        pytest.skip(f"no {fmt} kernel in this torch build")
+    w, x = _weight(), _outlier_input()
+    ref = F.linear(x, w)
+    plain = low_bit_forms(w, [fmt, "int8"])
+    smoothed = low_bit_forms(w, [fmt, "int8"], act_absmax=x.abs().amax(0), alpha=0.5)
+    assert plain[fmt].smooth is None and smoothed[fmt].smooth is not None
+    assert smoothed["int8"].smooth is None
+    err_plain, err_smooth = _rel_err(plain[fmt](x), ref), _rel_err(smoothed[fmt](x), ref)
+    assert err_smooth < 0.7 * err_plain, (err_plain, err_smooth)
+    bound = smoothed[fmt].bound(None, torch.float32)
+    assert _rel_err(bound(x), ref) == pytest.approx(err_smooth, rel=0.05)
+    # absmax of another width (a row-parallel shard under tensor parallelism): not smoothed
+    assert low_bit_forms(w, [fmt], act_absmax=torch.ones(32), alpha=0.5)[fmt].smooth is None

@@ -59,6 +59,42 @@ def test_a_cached_mask_is_used_only_for_the_draft_weights_it_was_searched_for(
     assert mask["source"].startswith("uniform") and mask["attention"] == []
 
 
+def test_w8a8_draft_weights_get_activation_scales_once(model_path, tmp_path, monkeypatch):
+    """Key smoothing (default 0.5) with w8a8 draft weights: the activation scales are
+    measured at the first start-up, cached for these weights and reused; no scales where no
+    kernel quantizes activations (int8, full) or with smoothing 0; a cached file that
+    cannot be used is measured again."""
+    import os
+
+    from vllm_selfspec.builders.activation_scales import load_scales, save_scales
+    from vllm_selfspec.model_info import stamp_from_path
+    from vllm_selfspec.proposers.artifacts import artifact_path
+
+    monkeypatch.setenv("VLLM_SELFSPEC_CACHE", str(tmp_path))
+    refs = ArtifactRefs.from_json(_config(model_path, {"method": "selfspec"})
+                                  .additional_config[PLUGIN_KEY]["artifacts"])
+    stamp = stamp_from_path(model_path)
+    path = artifact_path("activation_scales", stamp)
+    assert refs.activation_scales == str(path)
+    scales = load_scales(path, stamp)
+    assert scales["model.layers.0.self_attn.qkv_proj"].shape == (576,)
+    assert scales["model.layers.29.mlp.down_proj"].shape == (1536,) and "lm_head" in scales
+    built = os.stat(path).st_mtime_ns
+    for method in ("swift", "layerskip", "ngrammys-selfspec"):
+        cfg = _config(model_path, {"method": method})
+        assert cfg.additional_config[PLUGIN_KEY]["artifacts"]["activation_scales"] == str(path)
+    assert os.stat(path).st_mtime_ns == built  # cached, not measured again
+    for spec in ({"draft_weights": "int8"}, {"draft_weights": "full"}, {"smoothing": 0.0}):
+        cfg = _config(model_path, {"method": "selfspec", **spec})
+        assert "activation_scales" not in cfg.additional_config[PLUGIN_KEY]["artifacts"]
+    # the plugin's own cache entry stamped for other weights (or unreadable): measured again
+    other = ModelStamp(stamp.architecture, stamp.num_layers, stamp.hidden_size,
+                       stamp.vocab_size, "0" * len(stamp.fingerprint))
+    save_scales(path, scales, other, {})
+    _config(model_path, {"method": "selfspec"})
+    assert load_scales(path, stamp)["lm_head"].shape == (576,)
+
+
 def test_async_engine_args_and_cli_flag(model_path):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -418,6 +454,8 @@ def test_async_scheduling_refused(model_path):
     ({"model": "some/draft"}, "key 'model' does not apply to method 'selfspec'"),
     ({"draft_sample_method": "nucleus"}, "draft_sample_method must be 'greedy' or"),
     ({"skip_mask": "/nonexistent/mask.json"}, "/nonexistent/mask.json does not exist"),
+    ({"smoothing": 1.0}, r"key 'smoothing' of method 'selfspec' must be a number in \[0.0, "
+                         r"1.0\)"),
 ])
 def test_bad_values_through_the_config_path(model_path, spec, match):
     _one_line_error(model_path, {"method": "selfspec", **spec}, match)

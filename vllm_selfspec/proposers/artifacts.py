@@ -131,6 +131,8 @@ CACHED_ARTIFACTS: dict[str, tuple[str, str]] = {
     "bigram": ("{architecture}-{vocab_size}-{fingerprint}", ".safetensors"),  # N-Grammys tables
     "datastore": ("{architecture}-{vocab_size}-{fingerprint}", ".safetensors"),  # REST corpora
     "chimera": ("{architecture}-{num_layers}L-{fingerprint}", ".safetensors"),  # Chimera models
+    # activation absmax per linear input (builders/activation_scales.py: SmoothQuant's scales)
+    "activation_scales": ("{architecture}-{num_layers}L-{fingerprint}", ".safetensors"),
 }
 
 

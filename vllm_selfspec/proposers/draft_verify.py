@@ -24,7 +24,13 @@ import torch
 from .base import DraftBatch, DraftRequest, LayerSkipTarget, Proposal, Proposer, Verification
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
-from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
+from .options import (
+    DraftSamplerOptions,
+    draft_vocab_option,
+    draft_weights_option,
+    option,
+    smoothing_option,
+)
 from .resolved import Artifacts
 from .sampling import choose_tokens
 from .skip_mask import SkipMask
@@ -63,6 +69,7 @@ class SelfSpecOptions(DraftSamplerOptions):
                           high_open=True, symbol="β2")
     draft_vocab: int = draft_vocab_option()
     draft_weights: str = draft_weights_option()
+    smoothing: float = smoothing_option()
 
     def draft_exit(self) -> DraftExitConfig:
         return DraftExitConfig(threshold=self.draft_exit_threshold,

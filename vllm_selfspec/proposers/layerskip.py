@@ -48,7 +48,13 @@ import torch
 from .base import DraftBatch, Proposal
 from .draft_exit import DraftExitConfig
 from .draft_verify import SelfSpecProposer
-from .options import DraftSamplerOptions, draft_vocab_option, draft_weights_option, option
+from .options import (
+    DraftSamplerOptions,
+    draft_vocab_option,
+    draft_weights_option,
+    option,
+    smoothing_option,
+)
 from .skip_mask import SkipMask, SkipMaskError
 
 
@@ -117,6 +123,7 @@ class LayerSkipOptions(DraftSamplerOptions):
         "num_speculative_tokens drafts, as the paper)", "float", 0.0, 1.0)
     draft_vocab: int = draft_vocab_option()
     draft_weights: str = draft_weights_option()
+    smoothing: float = smoothing_option()
 
 
 class EarlyExitProposer(SelfSpecProposer):

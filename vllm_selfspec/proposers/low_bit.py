@@ -26,6 +26,13 @@ Formats (key ``draft_weights``):
   scale and zero per group), activations in bfloat16 through
   ``torch._weight_int4pack_mm_for_cpu`` (CPU) / ``torch._weight_int4pack_mm`` (CUDA).
 
+Kernels that quantize activations (``ACT_QUANT_KERNELS``) lose most on the few input
+channels whose activations are far larger than the rest; with activation scales measured
+for the model (key ``smoothing``, ``builders.activation_scales``) their copies are
+smoothed as in SmoothQuant (Xiao et al., 2023, §4): the weight's column j is multiplied by
+s_j = max|x_j|^α / max|W_j|^(1-α) before quantizing and the activations are divided by
+s_j before the kernel (``LowBitLinear.smooth``), which leaves the product unchanged.
+
 A format is the lowest precision a linear layer may take: each layer takes the fastest
 kernel of a format at or above it, as measured for its shape on the machine at hand
 (``KernelTable``); a layer whose low-bit kernels are all slower than the target's own
@@ -56,6 +63,7 @@ KERNELS = {"full": "full", "int8": "int8", "w8a8": "w8a8", "w8a8-fbgemm": "w8a8"
 INT4_GROUP = 32  # input columns per int4 scale/zero (torch's kernels take 32..256)
 ACT_DTYPE = torch.bfloat16  # the activation dtype of the kernels not in FLOAT32_KERNELS
 FLOAT32_KERNELS = frozenset({"w8a8-fbgemm"})  # kernels that take float32 activations
+ACT_QUANT_KERNELS = frozenset({"w8a8", "w8a8-fbgemm"})  # kernels that quantize activations
 KERNEL_TABLE_FORMAT = "vllm_selfspec.kernel_table/1"
 
 
@@ -114,6 +122,9 @@ class LowBitLinear:
     packed: Any
     scales: torch.Tensor  # int8: [N] bf16; w8a8(-fbgemm): [N] fp32; int4: [K/group, N, 2] bf16
     group: int = 0
+    # SmoothQuant: 1/s [K] in the kernel's activation dtype, x * smooth before the kernel
+    # (the weight was quantized as W·diag(s)); None: not smoothed
+    smooth: torch.Tensor | None = None
 
     @property
     def act_dtype(self) -> torch.dtype:
@@ -121,14 +132,17 @@ class LowBitLinear:
 
     @property
     def nbytes(self) -> int:
+        extra = 0 if self.smooth is None else self.smooth.numel() * self.smooth.element_size()
         if self.fmt == "w8a8-fbgemm":  # int8 weights; a scale and a column offset per row
-            return self.out_features * (self.in_features + 8)
+            return self.out_features * (self.in_features + 8) + extra
         return int(self.packed.numel() * self.packed.element_size()
-                   + self.scales.numel() * self.scales.element_size())
+                   + self.scales.numel() * self.scales.element_size()) + extra
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         a = x.reshape(-1, shape[-1]).to(self.act_dtype)
+        if self.smooth is not None:
+            a = a * self.smooth
         if self.fmt == "int8":
             y = torch._weight_int8pack_mm(a, self.packed, self.scales)
         elif self.fmt == "w8a8":
@@ -173,6 +187,12 @@ class LowBitLinear:
             def kernel(a: torch.Tensor) -> torch.Tensor:
                 return op(a, packed, group, scales)
         act = self.act_dtype
+        smooth = self.smooth
+        if smooth is not None:
+            unsmoothed = kernel
+
+            def kernel(a: torch.Tensor) -> torch.Tensor:
+                return unsmoothed(a * smooth)
         if dtype == act:
             if b is None:
                 return kernel
@@ -339,15 +359,37 @@ def time_call(fn: Callable[[], object], min_seconds: float = 0.02, min_calls: in
     return sorted(samples)[1] * 1e6
 
 
-def low_bit_forms(weight: torch.Tensor, fmts: Iterable[str]) -> dict[str, LowBitLinear]:
+def smoothing_factors(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float
+                      ) -> torch.Tensor:
+    """SmoothQuant's s_j = max|x_j|^α / max|W_j|^(1-α) (eq. 4) for ``weight`` [N, K] and the
+    activation absmax [K] of its input, float32 [K] (channels never seen active: 1)."""
+    a = act_absmax.float().to(weight.device)
+    w = weight.detach().float().abs().amax(0)
+    s = a.clamp(min=1e-5).pow(alpha) / w.clamp(min=1e-5).pow(1.0 - alpha)
+    return torch.where((a > 0) & (w > 0), s, torch.ones_like(s))
+
+
+def low_bit_forms(weight: torch.Tensor, fmts: Iterable[str],
+                  act_absmax: torch.Tensor | None = None, alpha: float = 0.0
+                  ) -> dict[str, LowBitLinear]:
     """Copies of ``weight`` [N, K] for each low-bit kernel of ``fmts`` (``KERNELS`` names)
-    that runs on its device and suits its shape (int4 needs K in groups of ``INT4_GROUP``)."""
+    that runs on its device and suits its shape (int4 needs K in groups of ``INT4_GROUP``).
+    With the absmax of the layer's input activations and ``alpha`` > 0 the copies for
+    kernels that quantize activations are smoothed (``smoothing_factors``)."""
     out: dict[str, LowBitLinear] = {}
+    s = None
+    if act_absmax is not None and alpha > 0 and act_absmax.numel() == weight.shape[1]:
+        s = smoothing_factors(act_absmax, weight, alpha)
     for fmt in fmts:
         if fmt == "full" or not kernels_available(fmt, weight.device):
             continue
         try:
-            out[fmt] = quantize(weight, fmt)
+            if s is not None and fmt in ACT_QUANT_KERNELS:
+                lin = quantize(weight.detach().float() * s[None, :], fmt)
+                lin.smooth = (1.0 / s).to(act_dtype(fmt)).contiguous()
+                out[fmt] = lin
+            else:
+                out[fmt] = quantize(weight, fmt)
         except ValueError:
             continue
     return out

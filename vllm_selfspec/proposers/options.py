@@ -66,6 +66,21 @@ def draft_weights_option(default: str = DRAFT_WEIGHTS_DEFAULT) -> Any:
         choices=("full", "int8", "w8a8", "int4"))
 
 
+# SmoothQuant's migration strength (Xiao et al., 2023, §4: 0.5 for most models); measured on
+# SmolLM2 in docs/results.md
+SMOOTHING_DEFAULT = 0.5
+
+
+def smoothing_option(default: float = SMOOTHING_DEFAULT) -> Any:
+    """Key ``smoothing`` of the methods with key ``draft_weights``."""
+    return option(
+        default, "SmoothQuant's migration strength for the low-bit layers whose kernels "
+        "quantize activations (draft_weights w8a8): each input channel's activations are "
+        "divided by s = max|x|^a / max|w|^(1-a) and the weight's column multiplied by it, "
+        "with max|x| measured once per model on ShareGPT text (builders.activation_scales); "
+        "0: off", "float", 0.0, 1.0, high_open=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class CommonOptions:
     """Keys every method takes."""

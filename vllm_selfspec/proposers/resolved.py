@@ -43,12 +43,16 @@ class ArtifactRefs:
     draft_vocab: str | None = None  # the checkpoint file that stores the vocabulary
     draft_vocab_size: int = 0  # key draft_vocab: its N most frequent tokens
     mask_cache: str | None = None  # file SWIFT writes
+    # key smoothing: activation scales of the draft's W8A8 layers (file; read by the
+    # drafter's weight capture, vllm_selfspec.draft_weights, not by the proposer)
+    activation_scales: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model.to_json()}
         if self.skip_mask is not None:
             out["skip_mask"] = self.skip_mask.to_wire()
-        for name in ("bigram_table", "datastore", "checkpoint", "draft_vocab", "mask_cache"):
+        for name in ("bigram_table", "datastore", "checkpoint", "draft_vocab", "mask_cache",
+                     "activation_scales"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.draft_vocab_size:
@@ -63,7 +67,8 @@ class ArtifactRefs:
                    bigram_table=obj.get("bigram_table"), datastore=obj.get("datastore"),
                    checkpoint=obj.get("checkpoint"), draft_vocab=obj.get("draft_vocab"),
                    draft_vocab_size=int(obj.get("draft_vocab_size", 0)),
-                   mask_cache=obj.get("mask_cache"))
+                   mask_cache=obj.get("mask_cache"),
+                   activation_scales=obj.get("activation_scales"))
 
     def load(self) -> Artifacts:
         """Read the files (in the worker)."""

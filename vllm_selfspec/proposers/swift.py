@@ -45,7 +45,13 @@ from .base import ContextWindow, DraftBatch, Proposal, Verification
 from .draft_exit import DraftExitConfig
 from .draft_verify import SelfSpecProposer
 from .layer_set_search import LayerSetSearch, LayerSetSearchConfig
-from .options import CommonOptions, draft_vocab_option, draft_weights_option, option
+from .options import (
+    CommonOptions,
+    draft_vocab_option,
+    draft_weights_option,
+    option,
+    smoothing_option,
+)
 from .resolved import Artifacts
 from .skip_mask import SkipMask, uniform_mask
 
@@ -100,6 +106,7 @@ class SwiftOptions(CommonOptions):
     seed: int = option(0, "seed of the search and of the draft sampler", "int", 0, None)
     draft_vocab: int = draft_vocab_option()
     draft_weights: str = draft_weights_option()
+    smoothing: float = smoothing_option()
 
 
 class SwiftProposer(SelfSpecProposer):
