@@ -202,6 +202,7 @@ def test_build_bigram_tool_on_tiny_model(small_vocab_model_path, tmp_path):
     assert int(table.extended[5, 1, 0]) == int(table.bigram_ids[table.bigram_ids[5, 1], 0])
 
 
+@pytest.mark.ray
 def test_build_bigram_ray_shards_match_single_process(small_vocab_model_path, tmp_path):
     pytest.importorskip("ray", reason="ray is installed with the [tools] extra")
     tiny_model_path = small_vocab_model_path

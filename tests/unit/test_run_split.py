@@ -25,3 +25,24 @@ def test_engine_and_unit_directories_cover_the_suite():
     tests = Path(run.__file__).parent
     dirs = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
     assert {Path(d).name for d in run.ENGINE_DIRS + run.UNIT_DIRS} == dirs
+
+
+def test_every_test_that_starts_ray_runs_last():
+    """A unit test that starts a local Ray cluster carries the marker tests/run.py runs last,
+    and that marker is registered (an unregistered one would only warn)."""
+    import ast
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(run.__file__).resolve().parents[1]
+    markers = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith(f"{run.LAST}:") for m in markers)
+    needle = "ray" + ".init("  # split, so that this test does not find itself
+    starting = []
+    for path in (root / "tests" / "unit").glob("test_*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef) and needle in ast.unparse(fn):
+                marked = any(ast.unparse(d) == f"pytest.mark.{run.LAST}" for d in fn.decorator_list)
+                starting.append((fn.name, marked))
+    assert len(starting) >= 2 and all(marked for _, marked in starting), starting

@@ -61,6 +61,7 @@ def test_selfspec_refuses_the_tiny_models_mask(tiny_model_path, model_path, tmp_
         args.create_engine_config()
 
 
+@pytest.mark.ray
 def test_ray_path_on_a_local_cluster(tiny_model_path, tmp_path):
     pytest.importorskip("ray", reason="ray is installed with the [tools] extra")
     code = f"""
