@@ -54,3 +54,24 @@ def test_sharegpt_corpus_leaves_contaminated_conversations_out(monkeypatch):
     assert kept == ["clean"]
     assert [c.id for c in sharegpt.sharegpt_prompts(decontaminate=False)] == \
         ["clean", "prompt-copied", "answer-copied"]
+
+
+def test_the_first_conversations_are_read_without_the_rest(monkeypatch):
+    """A caller that needs the first few (the activation scales, a datastore cut at its
+    size) stops reading there; what the filter left out before it is counted."""
+    from itertools import islice
+
+    read = []
+
+    def conversations():
+        for i, (q, a) in enumerate([("Tell me about islands, please.", PROMPT),
+                                    ("What is the capital of France?", "Paris."),
+                                    ("And the capital of Spain?", "Madrid.")]):
+            read.append(i)
+            yield {"id": f"c{i}", "conversations": [{"from": "human", "value": q},
+                                                   {"from": "gpt", "value": a}]}
+
+    monkeypatch.setattr(sharegpt, "sharegpt_conversations", conversations)
+    dropped: list[str] = []
+    first = list(islice(sharegpt.iter_sharegpt_prompts(dropped=dropped), 1))
+    assert [c.id for c in first] == ["c1"] and dropped == ["c0"] and read == [0, 1]

@@ -54,10 +54,12 @@ def calibration_ids(tokenizer: Any, conversations: int = CALIBRATION_CONVERSATIO
                     max_tokens: int = CALIBRATION_TOKENS) -> list[list[int]]:
     """The calibration text: decontaminated ShareGPT first turns, question and answer in the
     model's chat template (plain text without one), at most ``max_tokens`` tokens each."""
-    from vllm_selfspec.builders.sharegpt import sharegpt_prompts
+    from itertools import islice
+
+    from vllm_selfspec.builders.sharegpt import iter_sharegpt_prompts
 
     out = []
-    for conv in sharegpt_prompts()[:conversations]:
+    for conv in islice(iter_sharegpt_prompts(), conversations):
         if getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": conv.prompt},

