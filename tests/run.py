@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_DIRS = ["tests/engine", "tests/serving"]
 UNIT_DIRS = ["tests/unit"]
-LAST = "ray"  # the marker of the tests run after the other two, alone
+# the marker of the tests run after the other two, alone; its ``-m`` replaces the one in
+# pyproject's addopts, whose markers no unit test carries
+LAST = "ray"
 NO_TESTS = 5  # pytest's exit status when nothing was selected
 BIND = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
