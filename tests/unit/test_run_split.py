@@ -46,3 +46,19 @@ def test_every_test_that_starts_ray_runs_last():
                 marked = any(ast.unparse(d) == f"pytest.mark.{run.LAST}" for d in fn.decorator_list)
                 starting.append((fn.name, marked))
     assert len(starting) >= 2 and all(marked for _, marked in starting), starting
+
+
+def test_no_unit_test_carries_a_marker_addopts_leaves_out():
+    """The unit run's own ``-m`` replaces the one in pyproject's addopts, so a unit test
+    marked with one of the markers addopts leaves out would run in ``make test``."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(run.__file__).resolve().parents[1]
+    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    left_out = [w for w in addopts.replace('"', " ").split() if w not in ("-m", "not", "and")]
+    assert left_out  # addopts still leaves something out, else this test checks nothing
+    for path in (root / "tests" / "unit").glob("test_*.py"):
+        text = path.read_text()
+        assert not any(f"mark.{m}" in text for m in left_out), (path.name, left_out)
