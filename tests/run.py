@@ -25,13 +25,14 @@ import sys
 import time
 from pathlib import Path
 
+from pytest import ExitCode
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_DIRS = ["tests/engine", "tests/serving"]
 UNIT_DIRS = ["tests/unit"]
 # the marker of the tests run after the other two, alone; its ``-m`` replaces the one in
 # pyproject's addopts, whose markers no unit test carries
 LAST = "ray"
-NO_TESTS = 5  # pytest's exit status when nothing was selected
 BIND = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
     print(log.read_text(), end="")
     print(f"\n==== unit tests marked {LAST!r}, every core free ====", flush=True)
     last_rc = subprocess.call(pytest([*args, "-m", LAST, *UNIT_DIRS]), cwd=ROOT)
-    last_rc = 0 if last_rc == NO_TESTS else last_rc
+    last_rc = 0 if last_rc == ExitCode.NO_TESTS_COLLECTED else last_rc
     print(f"==== engine tests exit {engine_rc}, unit tests exit {unit_rc}, {LAST!r} tests exit "
           f"{last_rc}, {time.time() - t0:.0f} s in all ====")
     return engine_rc or unit_rc or last_rc

@@ -2,6 +2,8 @@
 
 from tests import run
 
+ROOT = run.ROOT
+
 
 def test_engine_run_on_the_first_core_unit_run_on_the_last(monkeypatch):
     for k in run.BIND:
@@ -27,20 +29,25 @@ def test_engine_and_unit_directories_cover_the_suite():
     assert {Path(d).name for d in run.ENGINE_DIRS + run.UNIT_DIRS} == dirs
 
 
-def test_every_test_that_starts_ray_runs_last():
-    """A unit test that starts a local Ray cluster carries the marker tests/run.py runs last,
-    and that marker is registered (an unregistered one would only warn)."""
-    import ast
+def _pytest_options() -> dict:
+    """pyproject's [tool.pytest.ini_options]."""
     from pathlib import Path
 
     import tomllib
 
     root = Path(run.__file__).resolve().parents[1]
-    markers = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
-    assert any(m.startswith(f"{run.LAST}:") for m in markers)
+    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+
+
+def test_every_test_that_starts_ray_runs_last():
+    """A unit test that starts a local Ray cluster carries the marker tests/run.py runs last,
+    and that marker is registered (an unregistered one would only warn)."""
+    import ast
+
+    assert any(m.startswith(f"{run.LAST}:") for m in _pytest_options()["markers"])
     needle = "ray" + ".init("  # split, so that this test does not find itself
     starting = []
-    for path in (root / "tests" / "unit").glob("test_*.py"):
+    for path in (ROOT / "tests" / "unit").glob("test_*.py"):
         for fn in ast.walk(ast.parse(path.read_text())):
             if isinstance(fn, ast.FunctionDef) and needle in ast.unparse(fn):
                 marked = any(ast.unparse(d) == f"pytest.mark.{run.LAST}" for d in fn.decorator_list)
@@ -51,14 +58,9 @@ def test_every_test_that_starts_ray_runs_last():
 def test_no_unit_test_carries_a_marker_addopts_leaves_out():
     """The unit run's own ``-m`` replaces the one in pyproject's addopts, so a unit test
     marked with one of the markers addopts leaves out would run in ``make test``."""
-    from pathlib import Path
-
-    import tomllib
-
-    root = Path(run.__file__).resolve().parents[1]
-    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    addopts = _pytest_options()["addopts"]
     left_out = [w for w in addopts.replace('"', " ").split() if w not in ("-m", "not", "and")]
     assert left_out  # addopts still leaves something out, else this test checks nothing
-    for path in (root / "tests" / "unit").glob("test_*.py"):
+    for path in (ROOT / "tests" / "unit").glob("test_*.py"):
         text = path.read_text()
         assert not any(f"mark.{m}" in text for m in left_out), (path.name, left_out)

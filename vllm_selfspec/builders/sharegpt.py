@@ -47,8 +47,9 @@ class Conversation:
 def iter_sharegpt_prompts(min_chars: int = 16, max_chars: int = 4000,
                           decontaminate: bool = True,
                           dropped: list[str] | None = None) -> Iterator[Conversation]:
-    """First turns of human-first conversations with an answer, in file order, read as
-    they are asked for (a caller that needs the first few does not scan the 125 MB file);
+    """First turns of human-first conversations with an answer, in file order, decoded and
+    filtered as they are asked for (a caller that needs the first few does not decode and
+    filter the whole 125 MB file);
     with ``decontaminate`` (always, but in tests) without every conversation whose question
     or answer shares a 13-word run with a benchmark text (``builders.benchmark_filter``),
     whose ids are appended to ``dropped``."""
