@@ -1,11 +1,24 @@
 """tools/bench.py's ``--interleave steps``: engines take turns one engine step at a time,
 each timed by its own clock, and their outputs come back in prompt order."""
 
-import time
 from types import SimpleNamespace
+
+import pytest
 
 from vllm_selfspec.offline.bench import EngineClock, Entry, interleave_mode, merge_twin, step_round
 from vllm_selfspec.proposers.swift import SwiftProposer
+
+NOW = [0.0]  # the fake perf_counter the engine clocks read (``fake_time``)
+
+
+@pytest.fixture(autouse=True)
+def fake_time(monkeypatch):
+    """The engine clocks read ``NOW``, which only the fake engines' steps advance: a real
+    sleep overran any bound on a busy machine (the unit tests run at the lowest priority
+    beside the engine tests)."""
+    NOW[0] = 100.0
+    monkeypatch.setattr("vllm_selfspec.offline.bench.time",
+                        SimpleNamespace(perf_counter=lambda: NOW[0]))
 
 
 class FakeEngine:
@@ -24,7 +37,7 @@ class FakeEngine:
 
     def step(self):
         self.log.append(self.name)
-        time.sleep(self.seconds)
+        NOW[0] += self.seconds
         out = []
         for r in self.pending:
             r[1] -= 1
@@ -51,7 +64,7 @@ def test_engines_take_turns_step_by_step_and_count_only_their_own_steps():
     assert log[:8] == ["fast", "slow", "slow", "fast", "fast", "slow", "slow", "fast"]
     assert log[8:] == ["slow"] * 3
     # each engine's seconds are its own steps' (4 x 2 ms, 7 x 4 ms), not the round's wall time
-    assert 0.008 <= took["fast"][0] < 0.008 + 0.02 and 0.028 <= took["slow"][0] < 0.028 + 0.02
+    assert took["fast"][0] == pytest.approx(0.008) and took["slow"][0] == pytest.approx(0.028)
     # in prompt order, by the request ids the outputs carry
     assert [o.prompt for o in took["fast"][1]] == ["p0", "p1"]
 
@@ -59,10 +72,14 @@ def test_engines_take_turns_step_by_step_and_count_only_their_own_steps():
 def test_the_engine_clock_runs_only_while_its_engine_steps():
     clock = EngineClock()
     with clock.running():
-        time.sleep(0.01)
-    stopped = clock()
-    time.sleep(0.01)
-    assert clock() == stopped and 0.01 <= stopped < 0.05
+        assert clock() == 0.0
+        NOW[0] += 2.5
+        assert clock() == 2.5  # read while running
+    NOW[0] += 7.5
+    assert clock() == 2.5  # stopped: other engines' turns are not counted
+    with clock.running():
+        NOW[0] += 1.0
+    assert clock() == 3.5
 
 
 def test_proposers_read_the_clock_they_are_given():
