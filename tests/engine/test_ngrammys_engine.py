@@ -2,7 +2,7 @@
 
 The bigram table is built on first use and cached (the default path users get).
 Lossless: greedy output equals plain decoding on 8 HumanEval prompts (code, whose
-repeats the context n-grams find), 4 requests in flight, with the engine key
+repeats the context n-grams find), all 8 in flight, with the engine key
 ``max_draft_prompt_tokens`` (half the prompts are longer and draft nothing). Sampling
 keeps the target distribution: context drafts are deterministic (one-hot q), and the
 sampled continuations follow plain decoding's (helpers.check_sampling_distribution).
@@ -95,7 +95,7 @@ def test_history_of_earlier_requests_stays_identical(model_path, eval_prompts, p
 
 def test_cost_gate_by_source_stays_identical(engine, eval_prompts, plain):
     """With the cost gate on (the default: one draft length per source of the draft;
-    switched on in this module's engine, afresh) and 4 requests in flight: output stays
+    switched on in this module's engine, afresh) and 8 requests in flight: output stays
     plain decoding's, and the gate has learnt the sources apart."""
     from vllm_selfspec.control import drafter_stats, set_cost_gate
 

