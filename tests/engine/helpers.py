@@ -7,8 +7,8 @@ from typing import Any
 
 # max_num_seqs 16: the 8 evaluation prompts in flight at once, and the sampling tests'
 # hundreds of 4-token requests 16 at a time: a request's 4 tokens are 4 engine steps, and a
-# step of 16 requests costs far less than 4 steps of 4 (400 plain continuations: 30 s at 4
-# in flight, 18 s at 16, on 2 cores; the engine tests took 34 minutes at 4, 27 at 16)
+# step of 16 requests costs far less than 4 steps of 4 (docs/per-request.md, "Sampling,
+# end to end")
 ENGINE_KW = dict(dtype="float32", max_model_len=1024, block_size=32,
                  kv_cache_memory_bytes=768 << 20, max_num_seqs=16, enforce_eager=True, seed=0)
 NUM_PROMPTS = 8
