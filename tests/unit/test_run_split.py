@@ -1,4 +1,4 @@
-"""tests/run.py (`make test`): which core each of the two pytest runs gets."""
+"""tests/run.py (`make test`): which core each of its pytest runs gets."""
 
 from tests import run
 
@@ -26,7 +26,7 @@ def test_engine_and_unit_directories_cover_the_suite():
 
     tests = Path(run.__file__).parent
     dirs = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
-    assert {Path(d).name for d in run.ENGINE_DIRS + run.UNIT_DIRS} == dirs
+    assert {Path(d).name for d in run.ENGINE_DIRS + run.UNIT_DIRS + run.SERVING_DIRS} == dirs
 
 
 def _pytest_options() -> dict:
