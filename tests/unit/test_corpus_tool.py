@@ -31,7 +31,8 @@ def test_answers_are_stamped_and_split(tiny_corpus, small_vocab_model_path):
     assert not {r["id"] for r in train} & {r["id"] for r in held}
     assert all(0 < len(r["response"]) <= 24 for r in train)
     assert stamp["limits"] == {"max_prompt_tokens": 512, "max_tokens": 24, "held_out": 4,
-                               "seed": 0, "dtype": "float32"}
+                               "seed": 0, "dtype": "float32", "prompts": "sharegpt"}
+    assert stamp["prompts"] == corpus.PROMPT_SOURCE
     assert stamp["answers"] == "greedy (temperature 0), float32"
     assert stamp["benchmark_filter"]["answers_left_out"] == {"held_out": 0, "train": 0}
     assert stamp["engine"] == "transformers" and stamp["generation"]["answer_tokens"] > 0
@@ -78,8 +79,65 @@ def test_other_limits_or_model_are_refused(tiny_corpus, model_path):
         corpus.main([*args, "--max-tokens", "32"])
     with pytest.raises(corpus.CorpusMismatch, match="dtype float32 != bfloat16"):
         corpus.main([*args, "--dtype", "bfloat16"])
+    with pytest.raises(corpus.CorpusMismatch, match="prompts sharegpt != sharegpt,truthfulqa"):
+        corpus.main([*args, "--prompts", "sharegpt,truthfulqa"])
     with pytest.raises(corpus.CorpusMismatch, match="another model"):
         corpus.main([*args[:1], model_path, *args[2:]])
+    with pytest.raises(SystemExit):  # argparse's one-line error
+        corpus.main([*args, "--prompts", "sharegpt,xsum"])  # a bench prompt set
+
+
+def test_a_stamp_from_before_prompt_sets_reads_as_sharegpt(tiny_corpus, tmp_path,
+                                                           small_vocab_model_path):
+    import shutil
+
+    from vllm_selfspec.model_info import stamp_from_path
+
+    folder, _ = tiny_corpus
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    stamp = json.loads((old / corpus.STAMP_FILE).read_text())
+    for key in ("prompts", "dtype"):
+        del stamp["limits"][key]
+    (old / corpus.STAMP_FILE).write_text(json.dumps(stamp))
+    model = stamp_from_path(small_vocab_model_path)
+    limits = corpus.Limits(max_tokens=24, held_out=4)
+    corpus.check_stamp(old, model, limits)  # float32 ShareGPT, as it was made
+    assert corpus.read_limits(old).prompts == "sharegpt"
+    with pytest.raises(corpus.CorpusMismatch, match="prompts sharegpt != sharegpt,mmlu"):
+        corpus.check_stamp(old, model, corpus.Limits(max_tokens=24, held_out=4,
+                                                     prompts="sharegpt,mmlu"))
+
+
+def test_prompt_sets_take_turns_and_keep_their_own_held_out_split():
+    from vllm_selfspec.offline import chimera_data as cd
+
+    train, held = corpus.prompts(corpus.Limits(prompts="sharegpt,logiqa,truthfulqa"))
+    assert [c.id.split("-")[0] for c in train[1:3]] == ["logiqa", "truthfulqa"]
+    assert [c.id.split("-")[0] for c in held[1:3]] == ["logiqa", "truthfulqa"]
+    assert not {c.id for c in train} & {c.id for c in held}
+    sharegpt_train, sharegpt_held = corpus.prompts(corpus.Limits())
+    assert [c.id for c in held[::3]][:100] == [c.id for c in sharegpt_held][:100]
+    assert [c.id for c in train if "-" not in c.id or not c.id.startswith(
+        ("logiqa-", "truthfulqa-"))] == [c.id for c in sharegpt_train]
+    # a task set keeps an eighth of itself out at most
+    assert sum(c.id.startswith("truthfulqa-") for c in held) == 817 // 8
+    # ShareGPT alone: the split and order of every corpus made before prompt sets
+    a, b = cd.split(cd.sharegpt_prompts(), held_out=corpus.HELD_OUT_PROMPTS, seed=0)
+    assert [c.id for c in sharegpt_train] == [c.id for c in a]
+    assert [c.id for c in sharegpt_held] == [c.id for c in b]
+    assert corpus.describe_prompts("sharegpt,logiqa").startswith(corpus.PROMPT_SOURCE + "; logiqa")
+    with pytest.raises(ValueError, match="name each prompt set once"):
+        corpus.prompt_sets("logiqa,logiqa")
+
+
+def test_a_chunk_never_overshoots_a_small_budget_by_a_whole_chunk():
+    from vllm_selfspec.offline.chimera_data import _chunk_size
+
+    assert _chunk_size(1024, 256, None, 0, 0) == 1024  # no budget: whole chunks
+    assert _chunk_size(1024, 256, 40_000, 0, 0) == 313  # 40,000 tokens at 128 a prompt
+    assert _chunk_size(1024, 256, 40_000, 30_000, 100) == 256  # never under one batch
+    assert _chunk_size(1024, 256, 10_000_000, 200, 1) == 1024  # never over a chunk
 
 
 def test_datastore_of_the_models_own_text(tiny_corpus, small_vocab_model_path, tmp_path):

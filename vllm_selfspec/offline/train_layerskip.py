@@ -214,8 +214,9 @@ def load_records(args: argparse.Namespace, model_path: str, tok: Any, work: Path
 
     held_budget = max(1, args.eval_tokens)
     if args.data_source == "self":
+        made = corpus.read_limits(work)  # the corpus's dtype and prompts (new: float32 ShareGPT)
         limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
-                               seed=args.split_seed, dtype=corpus.read_limits(work).dtype)
+                               seed=args.split_seed, dtype=made.dtype, prompts=made.prompts)
         bar = tqdm(total=args.tokens + held_budget, desc="the model's greedy answers", unit="tok")
         train_recs, held_recs = corpus.answers(model_path, work, args.tokens, held_budget,
                                                limits, corpus.answer_engine(), args.device,

