@@ -18,6 +18,7 @@ Stages, each resumable (a stage skips what its output already holds):
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -102,8 +103,10 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
     if states_dir is not None:
         llm.collective_rpc(control.capture_states)
     try:
-        for lo in range(0, len(todo), chunk):
-            part = todo[lo: lo + chunk]
+        lo = 0
+        while lo < len(todo):
+            part = todo[lo: lo + _chunk_size(chunk, batch, token_budget, tokens, len(done))]
+            lo += len(part)
             prompts = [chat_ids(tok, c.prompt, max_prompt_tokens) for c in part]
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
                                 use_tqdm=False)
@@ -124,6 +127,17 @@ def generate_responses(model_path: str, convs: list[Conversation], out: Path,
     finally:
         engines.shutdown(llm)
     return done
+
+
+def _chunk_size(chunk: int, batch: int, budget: int | None, tokens: int, records: int,
+                guess: int = 128) -> int:
+    """Prompts in the next chunk: ``chunk``, or as many as the rest of the budget needs at
+    the answers' mean length so far (``guess`` before any), but never under one batch: a
+    small budget is not overshot by a whole chunk of answers."""
+    if budget is None:
+        return chunk
+    mean = tokens / records if records else guess
+    return max(batch, min(chunk, math.ceil((budget - tokens) / max(mean, 1.0))))
 
 
 def read_index(states_dir: Path) -> dict[str, Any]:
