@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from vllm_selfspec import methods
 from vllm_selfspec.proposers.low_bit import (
     DRAFT_WEIGHTS,
+    PRECISE_MARGIN,
     KernelTable,
     allowed_formats,
     allowed_kernels,
@@ -119,6 +120,14 @@ def test_kernel_table_chooses_the_fastest_measured_format(tmp_path):
     assert t.choose(1536, 576, ["int8"]) == "int8"
     assert t.choose(576, 1536, ["int8"]) == "full"  # slower than the target's own: stays full
     assert t.choose(7, 7, ["int8"]) == "full"  # never measured: full
+    # a more precise kernel must win by PRECISE_MARGIN: a few µs of a swing do not flip it
+    t.times["576x960"] = {"full": 66.0, "int8": 41.5, "w8a8": 45.3, "w8a8-fbgemm": 49.8}
+    assert t.choose(960, 576, ["int8", "w8a8", "w8a8-fbgemm"]) == "w8a8"
+    t.times["576x960"]["int8"] = 45.3 / (1.0 + PRECISE_MARGIN) - 1.0
+    assert t.choose(960, 576, ["int8", "w8a8", "w8a8-fbgemm"]) == "int8"
+    # the asked format's own kernels: the fastest, with no margin between them
+    t.times["576x960"] = {"full": 66.0, "w8a8": 45.3, "w8a8-fbgemm": 44.0}
+    assert t.choose(960, 576, ["full", "int8", "w8a8", "w8a8-fbgemm"]) == "w8a8-fbgemm"
     t.save(tmp_path / "k.json")
     back = KernelTable.load(tmp_path / "k.json")
     assert back.times == t.times and back.machine == t.machine
