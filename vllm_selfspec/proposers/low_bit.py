@@ -34,9 +34,9 @@ s_j = max|x_j|^α / max|W_j|^(1-α) before quantizing and the activations are di
 s_j before the kernel (``LowBitLinear.smooth``), which leaves the product unchanged.
 
 A format is the lowest precision a linear layer may take: each layer takes the fastest
-kernel of a format at or above it, as measured for its shape on the machine at hand
-(``KernelTable``); a layer whose low-bit kernels are all slower than the target's own
-linear stays full.
+kernel of that format, or of a more precise one measured ``PRECISE_MARGIN`` faster, as
+measured for its shape on the machine at hand (``KernelTable``); a layer whose low-bit
+kernels are all slower than the target's own linear stays full.
 
 torch's own weight-only kernels are used, not torchao's: torchao 0.18's int8
 weight-only configuration dequantizes to the activation dtype and multiplies (slower
