@@ -73,6 +73,7 @@ KERNEL_TABLE_FORMAT = "vllm_selfspec.kernel_table/2"
 # (a W8A16 ``down_proj`` between W8A8 layers measured 41 µs alone, 85 µs in the walk,
 # docs/results.md), and two timings on a shared core move by 10-20%
 PRECISE_MARGIN = 0.15
+_PRECISION = {fmt: i for i, fmt in enumerate(DRAFT_WEIGHTS)}  # format -> rank, most precise 0
 
 
 def allowed_formats(draft_weights: str) -> tuple[str, ...]:
@@ -320,13 +321,11 @@ class KernelTable:
         kernels = [f for f in allowed if f in row and f in KERNELS]
         if not kernels:
             return "full"
-        rank = {fmt: i for i, fmt in enumerate(DRAFT_WEIGHTS)}
-        asked = max(rank[KERNELS[f]] for f in kernels)
-        low = min((f for f in kernels if rank[KERNELS[f]] == asked), key=row.__getitem__)
-        precise = [f for f in kernels if rank[KERNELS[f]] < asked]
-        if "full" in row and "full" not in precise:
-            precise.append("full")
-        if precise:
+        asked = max(_PRECISION[KERNELS[f]] for f in kernels)
+        low = min((f for f in kernels if _PRECISION[KERNELS[f]] == asked), key=row.__getitem__)
+        precise = [f for f in row
+                   if f == "full" or (f in kernels and _PRECISION[KERNELS[f]] < asked)]
+        if precise and low != "full":
             fast = min(precise, key=row.__getitem__)
             if row[fast] * (1.0 + PRECISE_MARGIN) < row[low]:
                 return fast
@@ -410,27 +409,26 @@ def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
     round, so a swing of the machine (the other core busy) hits every kernel alike, as
     the bench's engines take turns (offline/bench.py)."""
     x = torch.randn(rows, in_features, device=device, dtype=dtype)
-    runs: dict[str, Callable[[], object]] = {
-        "full": lambda: [f(x) for f in full]}
+    runs: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {"full": list(full)}
     for fmt in (forms[0] if forms else {}):
         if all(fmt in f for f in forms):
-            kernels = [f[fmt] for f in forms]
-            runs[fmt] = lambda ks=kernels: [k(x) for k in ks]
+            runs[fmt] = [f[fmt] for f in forms]
     calls: dict[str, int] = {}
-    for fmt, fn in runs.items():  # warm up; calls per round from one timed call
-        fn()
+    for fmt, fns in runs.items():  # warm up; calls per round from one timed call
+        for f in fns:
+            f(x)
         t0 = time.perf_counter()
-        fn()
+        for f in fns:
+            f(x)
         calls[fmt] = max(2, int(min_seconds / max(time.perf_counter() - t0, 1e-7)))
     samples: dict[str, list[float]] = {fmt: [] for fmt in runs}
     names = list(runs)
     for r in range(rounds):
         for fmt in names[r % len(names):] + names[: r % len(names)]:
-            fn, n = runs[fmt], calls[fmt]
+            fns = runs[fmt]
             t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples[fmt].append((time.perf_counter() - t0) / n)
-    return {fmt: sorted(s)[len(s) // 2] * 1e6 / len(full if fmt == "full" else forms)
-            for fmt, s in samples.items()}
-
+            for _ in range(calls[fmt]):
+                for f in fns:
+                    f(x)
+            samples[fmt].append((time.perf_counter() - t0) / (calls[fmt] * len(fns)))
+    return {fmt: sorted(s)[len(s) // 2] * 1e6 for fmt, s in samples.items()}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, TypeVar
 
+from .low_bit import PRECISE_MARGIN
+
 T = TypeVar("T")
 
 KINDS = ("float", "int", "bool", "str", "mask")
@@ -62,7 +64,8 @@ def draft_weights_option(default: str = DRAFT_WEIGHTS_DEFAULT) -> Any:
         "(weight-only, a scale per output row; bfloat16 activations), \"w8a8\" (the same "
         "weights, activations quantized per token; CPU) or \"int4\" (groups of 32). Each "
         "linear layer and the LM head take its fastest kernel, or a more precise one timed "
-        "15% faster, measured for its shape on this machine at start-up (proposers.low_bit)", "str",
+        f"{PRECISE_MARGIN:.0%} faster, measured for its shape on this machine at start-up "
+        "(proposers.low_bit)", "str",
         choices=("full", "int8", "w8a8", "int4"))
 
 
