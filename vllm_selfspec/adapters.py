@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from vllm_selfspec.cpu_attention import LayerAttention
+
 # Pre-norm decoders whose layers are (input_layernorm, self_attn, post_attention_layernorm,
 # mlp) with vLLM's fused residual RMSNorm. Mistral's layer adds an optional
 # ada-RMSNorm conditioning, which must be off.
@@ -255,8 +257,12 @@ class DirectWalk:
                 q_norm=_norm_params(getattr(at, "q_norm", None), None),
                 k_norm=_norm_params(getattr(at, "k_norm", None), None),
                 head_dim=int(getattr(at, "head_dim", 0) or attn.head_size),
-                rope=at.rotary_emb, attn=attn, impl=attn.impl,
+                rope=at.rotary_emb, rope_direct=_plain_rope(at.rotary_emb),
+                attn=attn, impl=attn.impl,
                 update=not attn.attn_backend.forward_includes_kv_cache_update,
+                kernels=(LayerAttention(attn) if LayerAttention.why_not(attn) is None
+                         and not attn.attn_backend.forward_includes_kv_cache_update
+                         else None),
                 name=attn.layer_name, num_heads=int(attn.num_heads),
                 num_kv_heads=int(attn.num_kv_heads), head_size=int(attn.head_size),
                 head_size_v=int(getattr(attn, "head_size_v", attn.head_size)),
@@ -299,8 +305,12 @@ class DirectWalk:
         """``PreNormDecoderAdapter.run`` for the kept sub-layers (final norm included), in
         ``dtype`` (``hidden`` is converted)."""
         ops = torch.ops._C
+        rope_op = ops.rotary_embedding
         residual: torch.Tensor | None = None
         h = hidden.to(self.dtype)
+        # one attention output and one SiLU-and-mul buffer for every layer: each is read
+        # by the layer's next linear before the following layer writes it again
+        outs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
         for i, L in enumerate(self.layers):
             if i not in skip_attention:
                 h, residual = _norm(ops, h, residual, *L["in_norm"])
@@ -314,29 +324,59 @@ class DirectWalk:
                     hd = L["head_dim"]
                     q = _norm(ops, q.reshape(-1, hd), None, *L["q_norm"])[0].view(q.shape)
                     k = _norm(ops, k.reshape(-1, hd), None, *L["k_norm"])[0].view(k.shape)
-                q, k = L["rope"].forward_cpu(positions, q, k)
+                rope = L["rope"]
+                if L["rope_direct"]:  # RotaryEmbedding.forward_cpu's kernel, in place
+                    rope_op(positions, q, k, rope.head_size,
+                            rope._match_cos_sin_cache_dtype(q), rope.is_neox_style)
+                else:
+                    q, k = rope.forward_cpu(positions, q, k)
                 n = q.shape[0]
-                out = torch.empty(n, L["num_heads"] * L["head_size_v"], dtype=q.dtype,
-                                  device=q.device)
+                width = L["num_heads"] * L["head_size_v"]
+                out = outs.get((width, q.dtype))
+                if out is None:
+                    out = outs[(width, q.dtype)] = torch.empty(n, width, dtype=q.dtype,
+                                                               device=q.device)
                 k3 = k.view(-1, L["num_kv_heads"], L["head_size"])
                 v3 = v.view(-1, L["num_kv_heads"], L["head_size_v"])
+                q3 = q.view(-1, L["num_heads"], L["head_size"])
+                o3 = out.view(-1, L["num_heads"], L["head_size_v"])
                 name = L["name"]
                 slot = slots.get(name)
-                if L["update"] and slot is not None:
-                    L["impl"].do_kv_cache_update(attn, k3, v3, kv, slot)
-                L["impl"].forward(attn, q.view(-1, L["num_heads"], L["head_size"]), k3, v3,
-                                  kv, metadata[name],
-                                  output=out.view(-1, L["num_heads"], L["head_size_v"]))
+                direct = L["kernels"]
+                if direct is not None:
+                    if slot is not None:
+                        direct.write(k3, v3, slot)
+                    direct.attend(q3, o3, metadata[name])
+                else:
+                    if L["update"] and slot is not None:
+                        L["impl"].do_kv_cache_update(attn, k3, v3, kv, slot)
+                    L["impl"].forward(attn, q3, k3, v3, kv, metadata[name], output=o3)
                 h = L["o"](out if out.dtype == self.dtype else out.to(self.dtype))
             if i not in skip_mlp:
                 h, residual = _norm(ops, h, residual, *L["post_norm"])
                 gu = L["gate_up"](h)
-                act = torch.empty(gu.shape[:-1] + (gu.shape[-1] // 2,), dtype=gu.dtype,
-                                  device=gu.device)
+                width = gu.shape[-1] // 2
+                act = outs.get((width, gu.dtype))
+                if act is None:
+                    act = outs[(width, gu.dtype)] = torch.empty(
+                        gu.shape[:-1] + (width,), dtype=gu.dtype, device=gu.device)
                 ops.silu_and_mul(act, gu)
                 h = L["down"](act)
         h, _ = _norm(ops, h, residual, *self.final_norm)
         return h
+
+
+def _plain_rope(rope: nn.Module) -> bool:
+    """Whether ``rope.forward_cpu`` is ``RotaryEmbedding``'s own (vLLM 0.32,
+    rotary_embedding/base.py:298: one ``torch.ops._C.rotary_embedding`` call), so the walk
+    may call that kernel directly; a subclass that overrides it (mrope, ...) is called."""
+    try:
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+    except ImportError:
+        return False
+    own = getattr(type(rope), "forward_cpu", None)
+    return (own is not None and own is RotaryEmbedding.forward_cpu
+            and hasattr(torch.ops._C, "rotary_embedding"))
 
 
 def _norm(ops: Any, h: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

