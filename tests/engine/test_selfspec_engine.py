@@ -68,8 +68,6 @@ def test_empty_mask_greedy_accepts_everything(empty_engine, eval_prompts, refere
     assert acc.draft_tokens >= 50 and acc.acceptance_rate >= 0.99, acc
 
 
-@pytest.mark.parametrize("params", [dict(temperature=1.0),
-                                    dict(temperature=0.8, top_p=0.9, top_k=40)])
 def _direct_attention(worker) -> dict:
     """Per layer of the draft's direct walk: why vLLM's attention kernels are not called
     straight (None: they are)."""
@@ -94,6 +92,8 @@ def test_direct_walk_calls_attention_kernels_in_every_layer(empty_engine):
     assert info["direct"] and all(info["direct"]), info
 
 
+@pytest.mark.parametrize("params", [dict(temperature=1.0),
+                                    dict(temperature=0.8, top_p=0.9, top_k=40)])
 def test_empty_mask_sampling_accepts_everything(empty_engine, eval_prompts, params):
     """draft = target and q passed: min(1, p/q) = 1, so acceptance ~ 1. (Without
     q, or without the CPU sampler fix (patches.py P4), acceptance collapses.)"""
