@@ -301,7 +301,8 @@ class PluginDrafter:
             # other work (SWIFT's optimization step): neither what a draft token costs nor
             # what verifying one costs
             self.gate.skip_timing()
-        self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed)
+        self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed,
+                      proposal.depth)
         if proposal.evidence is not None and self.gate is not None:
             for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
                 if draft:
@@ -364,9 +365,10 @@ class PluginDrafter:
         return float(timing.get("compile_seconds", 0.0))
 
     def _drafted(self, tokens: int, seconds: float,
-                 timed: dict[str, tuple[int, float]] | None = None) -> None:
+                 timed: dict[str, tuple[int, float]] | None = None,
+                 depth: dict[str, int] | None = None) -> None:
         if self.gate is not None:
-            self.gate.drafted(tokens, seconds, timed)
+            self.gate.drafted(tokens, seconds, timed, depth)
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

@@ -352,6 +352,32 @@ def test_a_class_the_proposer_timed_is_priced_on_its_own():
     assert "chimera" in stats and "steps a token" in stats
 
 
+def test_a_self_draft_is_priced_per_pass_not_per_row():
+    """A self-draft's pass drafts one position for every row at once: at 4 in flight
+    one row drafting 4 tokens in 4 passes of 8 ms prices a position at 8 ms, not a
+    row-token at 8 ms charged for each of the 4 rows (which made ``selfspec`` seldom
+    draft at 4 in flight). Per row-token, as an n-gram source is, the same call is
+    dear at 4 and the gate keeps plain."""
+    def gate_after(depth):
+        gate = measured(CostGate(k=8), 0.028, 0.0029)  # plain: 40 ms at 4 in flight
+        gate.steps = 100
+        for _ in range(300):
+            gate.observe(8, 4, "selfspec")  # four of eight accepted every time
+            gate.drafted(4, 0.032, {"selfspec": (4, 0.032)}, depth)
+        return gate
+    pass_priced, token_priced = gate_after({"selfspec": 4}), gate_after(None)
+    assert abs(pass_priced.draft_cost("selfspec") - 0.008) < 1e-9
+    assert pass_priced.drafting_seconds(3, 4, "selfspec") == 3 * 0.008
+    assert token_priced.drafting_seconds(3, 4, "selfspec") == 4 * 3 * 0.008
+    # one request in flight: the same price either way
+    assert pass_priced.best(1, "selfspec") == token_priced.best(1, "selfspec")
+    assert pass_priced.best(4, "selfspec")[0] > 0 and token_priced.best(4, "selfspec")[0] == 0
+    # the call's own drafts (plain selfspec labels none) take the same rule
+    gate = measured(CostGate(k=8), 0.028, 0.0029)
+    gate.drafted(4, 0.032, None, {"": 4})
+    assert gate.c_per_pass and gate.drafting_seconds(2, 4) == 2 * 0.008
+
+
 def test_a_slow_warm_up_does_not_price_every_later_step():
     """Four requests in flight whose first plain steps were slow (5x: the engine's first
     steps): drafting then looks like it wins several times over, and without a plain step

@@ -103,6 +103,10 @@ class Proposal:
     # per evidence class the proposer timed itself: (draft tokens, seconds); the cost gate
     # prices that class's tokens on their own (proposers.cost_gate.CostGate.drafted)
     timed: dict[str, tuple[int, float]] | None = None
+    # per evidence class ("": the call's own drafts) drafted by passes that run every row
+    # at once (self-drafting): its deepest row's draft length; the cost gate prices that
+    # class per draft position rather than per row-token (CostGate.drafted)
+    depth: dict[str, int] | None = None
     # seconds of the call spent on other work than drafting (SWIFT's optimization step):
     # neither a draft token's cost nor the step's, so the cost gate prices neither with it
     excluded_seconds: float = 0.0

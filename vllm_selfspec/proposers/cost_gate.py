@@ -45,7 +45,8 @@ plain-step time and a per-token extra, as the gate had, took the plain step from
 warm-up at one request and under-charged verification four- to fifteen-fold.
 
 It drafts the d that maximizes the expected token rate of a step with n requests
-drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)``, when that
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)`` (``d c_d`` for
+a self-draft, whose passes draft one position for all rows at once), when that
 beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound,
 so positions seldom drafted keep being tried, and untried step sizes read a little
 cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
@@ -133,6 +134,7 @@ class _Evidence:
     probing: bool = False  # its drafts at the last plan() are a probe
     c_draft: float | None = None  # seconds per draft token, where the proposer timed it
     c_samples: int = 0
+    per_pass: bool = False  # c_draft is per draft position of a pass all rows share
     probes: int = 0  # probe steps so far
 
 
@@ -334,6 +336,7 @@ class CostGate:
         self.table = StepTable(c.table_forget, c.table_age, c.table_prior)  # ... its shape
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
         self.c_samples = 0
+        self.c_per_pass = False  # c_draft is per draft position (``drafted``'s depth)
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
@@ -421,22 +424,32 @@ class CostGate:
         self.last_time = None
 
     def drafted(self, tokens: int, seconds: float,
-                timed: dict[str, tuple[int, float]] | None = None) -> None:
+                timed: dict[str, tuple[int, float]] | None = None,
+                depth: dict[str, int] | None = None) -> None:
         """The drafting call proposed ``tokens`` draft tokens in ``seconds``; ``timed``:
         per evidence class the proposer timed itself, (its tokens, its seconds), which
-        are taken out of the call's before the rest is shared by the other tokens."""
+        are taken out of the call's before the rest is shared by the other tokens.
+        ``depth``: per class (``""``: the call's own tokens) drafted by passes that run
+        every row at once (self-drafting: ``Proposal.depth``), its deepest row's draft
+        length; that class is priced per draft position, seconds over depth, since a
+        pass drafts one position for all its rows (priced per row-token, a self-draft at
+        4 in flight was charged four passes for one, and seldom drafted)."""
         self.last_draft_seconds = seconds
+        depth = depth or {}
         if tokens > 0:
             self._plain_until = -1
         for name, (n, secs) in (timed or {}).items():
             if n > 0:
                 e = self._evidence(name)
                 e.c_samples += 1
-                e.c_draft = self._ema(e.c_draft, secs / n, e.c_samples)
+                e.per_pass = depth.get(name, 0) > 0
+                e.c_draft = self._ema(e.c_draft, secs / (depth.get(name) or n), e.c_samples)
             tokens, seconds = tokens - n, seconds - secs
         if tokens > 0:
             self.c_samples += 1
-            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / tokens, self.c_samples)
+            self.c_per_pass = depth.get("", 0) > 0
+            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / (depth.get("") or tokens),
+                                     self.c_samples)
 
     def observe(self, drafted: int, accepted: int, evidence: str = "") -> None:
         """One verification of a draft of class ``evidence``: positions 0..drafted-1 were
@@ -477,9 +490,21 @@ class CostGate:
 
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence``: its own where the proposer timed
-        it, else the call's."""
+        it, else the call's (per draft position where that is priced per pass)."""
         e = self.classes.get(evidence)
         return e.c_draft if e is not None and e.c_draft is not None else self.c_draft
+
+    def drafting_seconds(self, d: int, n: int, evidence: str = "") -> float | None:
+        """Predicted seconds of drafting d tokens for each of n requests from class
+        ``evidence``: n d tokens at its cost per token, or d positions at its cost per
+        position where its passes serve every row at once (``drafted``'s depth)."""
+        e = self.classes.get(evidence)
+        own = e is not None and e.c_draft is not None
+        c = e.c_draft if own else self.c_draft
+        if c is None:
+            return None
+        per_pass = e.per_pass if own else self.c_per_pass
+        return d * c * (1 if per_pass else max(1, n))
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
@@ -489,11 +514,10 @@ class CostGate:
         every step, per class)."""
         upto = self.k if upto is None else upto
         costs = self.step_costs(n) if costs is None else costs
-        c = self.draft_cost(evidence)
+        c = self.drafting_seconds(1, n, evidence)  # drafting is linear in d
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
-        n = max(1, n)
-        return [tokens * costs[0] / (costs[d] + n * d * c)
+        return [tokens * costs[0] / (costs[d] + d * c)
                 for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1)]
 
     def _expected_tokens(self, upto: int, optimistic: bool, evidence: str) -> list[float]:
@@ -585,8 +609,8 @@ class CostGate:
             return 1
         if (3 * n, True) not in self.table.cells:
             return 2
-        c = self.draft_cost(evidence) or 0.0
-        return 1 if costs[1] + n * c <= costs[2] + 2 * n * c else 2
+        c = self.drafting_seconds(1, n, evidence) or 0.0
+        return 1 if costs[1] + c <= costs[2] + 2 * c else 2
 
     def _probe_wait(self, evidence: str, d: int, costs: list[float] | None) -> int:
         """Steps until the probe after this one: its predicted loss in plain steps (the
@@ -594,12 +618,12 @@ class CostGate:
         ``probe_budget``, at most ``max_probe_every``. A draft token that costs a decode step
         (selfspec on 2 cores) loses ~1.7 steps a probe: one probe per ~350 steps, not the
         doubling clock's dozen in a thousand (each was ~0.1% of a bench run)."""
-        c, cfg = self.draft_cost(evidence), self.cfg
+        c, cfg = self.drafting_seconds(1, self.batch, evidence), self.cfg
         if costs is None or c is None or costs[0] <= 0 or d <= 0 or cfg.probe_budget <= 0:
             return 0
         d = min(d, self.k)
         tokens = self._expected_tokens(d, False, evidence)[-1]
-        loss = (costs[d] + self.batch * d * c) / costs[0] - tokens
+        loss = (costs[d] + d * c) / costs[0] - tokens
         return min(cfg.max_probe_every, max(0, math.ceil(loss / cfg.probe_budget)))
 
     def limit(self, evidence: str) -> int:

@@ -236,7 +236,8 @@ class SelfSpecProposer(Proposer):
             depth[active] += 1
             active = active[keep]
             d += 1
-        return Proposal(drafts, probs)
+        # one pass drafts a position for every row: priced per position (CostGate.drafted)
+        return Proposal(drafts, probs, depth={"": max(map(len, drafts))})
 
     def _guessed_pass(self, reqs: list[DraftRequest], guesses: Mapping[int, Sequence[int]],
                       rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,

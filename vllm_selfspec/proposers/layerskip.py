@@ -200,6 +200,7 @@ class EarlyExitProposer(SelfSpecProposer):
             row[1] += n
         out.evidence = [name if d else "" for d in out.drafts]
         out.timed = {name: (n, time.perf_counter() - t0)}
+        out.depth = {name: (out.depth or {}).get("", 0)}
         return out
 
     def draft_exit_config(self) -> DraftExitConfig:

@@ -134,7 +134,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                 self.stats["match_passed_over"] += int(cap > 0)
                 if rows and self.cfg.matches != UNGUESSED:
                     guesses[r.row] = rows[0]
-        probs, timed = None, None
+        probs, timed, depth = None, None, None
         if rest:
             t0 = time.perf_counter()
             own = super().propose(DraftBatch(batch.req_ids, rest, batch.token_ids,
@@ -147,12 +147,13 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             probs = own.probs
             timed = {SELF_DRAFT: (sum(len(drafts[r.row]) for r in rest),
                                   time.perf_counter() - t0)}
+            depth = {SELF_DRAFT: (own.depth or {}).get("", 0)}
         if probs is not None:  # n-gram drafts are one-hot in a sampled batch
             for r in batch.requests:
                 if evidence[r.row] not in ("", SELF_DRAFT):
                     for i, t in enumerate(drafts[r.row]):
                         probs[r.row, i, t] = 1.0
-        return Proposal(drafts, probs, evidence=evidence, timed=timed)
+        return Proposal(drafts, probs, evidence=evidence, timed=timed, depth=depth)
 
     def finish(self, req_ids: set[str]) -> None:
         super().finish(req_ids)
