@@ -23,13 +23,14 @@ pytestmark = pytest.mark.engine
 def test_ngrammys_selfspec_drafts_from_both_sources_and_stays_identical(
         model_path, eval_prompts, reference, sampled_reference):
     """Context n-grams where the text repeats, the low-bit self-draft elsewhere (gate off:
-    every request drafts every step); greedy output identical to plain decoding, and
+    every request drafts every step; ``matches: "gate"``, so a match drafts alone where the
+    gate knows no better); greedy output identical to plain decoding, and
     sampling, with deterministic n-gram drafts and sampled self-drafts in one batch, follows
     plain decoding's distribution (helpers.check_sampling_distribution)."""
     from vllm_selfspec import control
 
     llm = make_llm(model_path, speculative_config={"method": "ngrammys-selfspec",
-                                                    "cost_gate": False})
+                                                    "cost_gate": False, "matches": "gate"})
     try:
         outs = llm.generate(eval_prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0),
                             use_tqdm=False)

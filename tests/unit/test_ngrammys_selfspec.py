@@ -12,8 +12,11 @@ from vllm_selfspec.proposers.skip_mask import SkipMask
 
 
 def make(k=4, **opts):
+    """The proposer with ``matches`` "gate" unless given: the tests of the gate's choice
+    between a match and the self-draft."""
     p = NGrammysSelfSpecProposer(k, {"history_tokens": 0, "query_length": 2,
-                                     "min_query_length": 2, **opts}, Artifacts(skip_mask=SkipMask()))
+                                     "min_query_length": 2, "matches": "gate", **opts},
+                                 Artifacts(skip_mask=SkipMask()))
     t = FakeTarget()
     p.bind(t)
     return p, t
@@ -43,6 +46,7 @@ def test_context_matches_draft_n_grams_the_rest_self_drafts():
     assert out.evidence[0].startswith("context") and out.evidence[1] == SELF_DRAFT
     assert [c[0] for c in t.calls] == [[1]] * 4  # the self-draft ran for the fresh row only
     assert out.timed is not None and out.timed[SELF_DRAFT][0] == 4
+    assert out.depth == {SELF_DRAFT: 4}  # four passes: priced per position (CostGate)
     assert p.stats["from_context"] == 1 and p.stats["from_selfspec"] == 1
 
 
@@ -119,3 +123,11 @@ def test_registered_with_selfspec_and_n_gram_keys():
     assert core["num_speculative_tokens"] == 12
     assert opts["draft_weights"] == "w8a8" and opts["datastore"] == "sharegpt"
     assert opts["history_tokens"] > 0 and "bigram_table" not in opts
+    # by default a match is the self-draft's guess, even where the gate knows no worth
+    assert opts["matches"] == "guess"
+    p = NGrammysSelfSpecProposer(4, {"history_tokens": 0, "query_length": 2,
+                                     "min_query_length": 2}, Artifacts(skip_mask=SkipMask()))
+    t = FakeTarget()
+    p.bind(t)
+    out = p.propose(batch([[2, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6]]))
+    assert out.evidence == [SELF_DRAFT] and t.chunks and out.drafts[0] == [7, 8, 9, 10]

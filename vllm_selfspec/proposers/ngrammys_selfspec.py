@@ -12,22 +12,25 @@ A composition of two papers' drafters, not either one, so it has its own method 
   through low-bit copies of its weights (key ``draft_weights``), which agree with the
   target's greedy token most of the time for a fraction of a decode step per token; the
   adaptive draft-exit threshold (§3.4) learns from those drafts only.
-* Where a self-draft runs for a request that has a match (held back or passed over), the
-  match is its guess (key ``matches``): the self-draft's first pass feeds it with the
-  newest token and keeps it as far as the self-draft would have drafted the same tokens
+* Where a request has a match, the match is by default the self-draft's guess (key
+  ``matches``): the self-draft's first pass feeds it with the newest token and keeps it as
+  far as the self-draft would have drafted the same tokens
   (``SelfSpecProposer._guessed_pass``), as a draft model checks a cheaper draft's tokens
   in staged speculative decoding (Spector & Re, 2023). The drafts are the self-draft's
-  own; a guess that holds saves a draft pass per guessed token.
+  own; a guess that holds saves a draft pass per guessed token, and a match the
+  self-draft would not have drafted is not verified at all.
 
 A source the cost gate holds back for a request (its evidence class does not pay) falls
-through to the self-draft, and so does a match whose class the gate predicts to pay less
-than the self-draft (``CostGate.worth``: expected tokens per second of a step with its
-drafting, from each class's acceptance curve and draft cost): where text seldom repeats,
-short context matches and datastore rows are accepted far less often than a low-bit
-self-draft, and taking the first source that matches cost this method half of
-``selfspec``'s acceptance length (docs/results.md). The gate prices the self-draft's tokens
-on their own (they cost a fraction of a step, n-gram tokens almost nothing). Sampling: n-gram drafts are
-deterministic (one-hot q); self-drafts are drawn from the low-bit pass's q.
+through to the self-draft; where the gate holds the self-draft back, the match drafts
+alone. With ``matches`` "gate", a match drafts alone unless the gate predicts its class to
+pay less than the self-draft (``CostGate.worth``: expected tokens per second of a step
+with its drafting, from each class's acceptance curve and draft cost): where text seldom
+repeats, short context matches and datastore rows are accepted far less often than a
+low-bit self-draft, and taking the first source that matches cost this method half of
+``selfspec``'s acceptance length (docs/results.md). The gate prices the self-draft per
+pass (one pass drafts a position for every row) and n-gram tokens on their own (almost
+nothing). Sampling: n-gram drafts are deterministic (one-hot q); self-drafts are drawn
+from the low-bit pass's q.
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
     history_tokens: int = option(DEFAULT_HISTORY_TOKENS, HISTORY_HELP, "int", 0, None)
     datastore: str = option(SHAREGPT, DATASTORE_HELP, "str")
     matches: str = option(
-        GATE, "what a request's n-gram match does: \"gate\" (the cost gate picks between "
-        "drafting the match and a self-draft that takes the match as its guess: the first "
-        "pass feeds it and keeps it as far as the self-draft agrees, the same drafts in fewer "
-        "passes), \"guess\" (always that self-draft) or \"gate-unguessed\" (the gate picks "
-        "between the match and a self-draft that does not see it)", "str",
-        choices=MATCHES)
+        GUESS, "what a request's n-gram match does: \"guess\" (a self-draft takes the match "
+        "as its guess: the first pass feeds it and keeps it as far as the self-draft agrees, "
+        "the same drafts in fewer passes; the match alone where the gate holds the self-draft "
+        "back), \"gate\" (the cost gate picks between drafting the match and that "
+        "self-draft) or \"gate-unguessed\" (the gate picks between the match and a "
+        "self-draft that does not see it)", "str", choices=MATCHES)
 
 
 class NGrammysSelfSpecProposer(SelfSpecProposer):
