@@ -376,6 +376,8 @@ def test_a_self_draft_is_priced_per_pass_not_per_row():
     gate = measured(CostGate(k=8), 0.028, 0.0029)
     gate.drafted(4, 0.032, None, {"": 4})
     assert gate.c_per_pass and gate.drafting_seconds(2, 4) == 2 * 0.008
+    assert "steps a position" in pass_priced.describe() and "steps a token" in \
+        token_priced.describe()
 
 
 def test_a_slow_warm_up_does_not_price_every_later_step():

@@ -658,15 +658,17 @@ class CostGate:
             return "cost gate: measuring"
         t0, cv, co = self.t0 or 1.0, self.c_verify or 0.0, self.c_overhead or 0.0
         # a proposer that times every class itself leaves no call-wide draft cost
-        shared = "" if self.c_draft is None else f"draft token {self.c_draft / t0:.2f} steps, "
+        unit = "position" if self.c_per_pass else "token"
+        shared = "" if self.c_draft is None else f"draft {unit} {self.c_draft / t0:.2f} steps, "
         parts = []
         for name in self.classes:
             if not self._counts(name):
                 continue
             d, g = self.best(evidence=name)
             curve = [round(self.acceptance(i, False, name), 2) for i in range(min(3, self.k))]
-            own = self.classes[name].c_draft
-            cost = f" at {own / t0:.2f} steps a token" if own is not None else ""
+            e = self.classes[name]
+            own, unit = e.c_draft, "position" if e.per_pass else "token"
+            cost = f" at {own / t0:.2f} steps a {unit}" if own is not None else ""
             parts.append(f"{name or 'drafts'} {curve}{cost} -> "
                          f"{'draft ' + str(d) if d else 'plain'} (x{g:.2f})")
         return (f"cost gate: plain step {1000 * t0:.1f} ms at {self.batch} in flight, "
