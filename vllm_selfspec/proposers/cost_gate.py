@@ -488,23 +488,25 @@ class CostGate:
         return [self.step_seconds(n * (1 + d), d > 0, opt if d else 0.0)
                 for d in range(self.k + 1)]
 
-    def draft_cost(self, evidence: str = "") -> float | None:
-        """Seconds per draft token of class ``evidence``: its own where the proposer timed
-        it, else the call's (per draft position where that is priced per pass)."""
+    def _price(self, evidence: str) -> tuple[float | None, bool]:
+        """(seconds per draft token or position, whether per position) of class
+        ``evidence``: its own where the proposer timed it, else the call's."""
         e = self.classes.get(evidence)
-        return e.c_draft if e is not None and e.c_draft is not None else self.c_draft
+        if e is not None and e.c_draft is not None:
+            return e.c_draft, e.per_pass
+        return self.c_draft, self.c_per_pass
+
+    def draft_cost(self, evidence: str = "") -> float | None:
+        """Seconds per draft token of class ``evidence`` (per draft position where it is
+        priced per pass)."""
+        return self._price(evidence)[0]
 
     def drafting_seconds(self, d: int, n: int, evidence: str = "") -> float | None:
         """Predicted seconds of drafting d tokens for each of n requests from class
         ``evidence``: n d tokens at its cost per token, or d positions at its cost per
         position where its passes serve every row at once (``drafted``'s depth)."""
-        e = self.classes.get(evidence)
-        own = e is not None and e.c_draft is not None
-        c = e.c_draft if own else self.c_draft
-        if c is None:
-            return None
-        per_pass = e.per_pass if own else self.c_per_pass
-        return d * c * (1 if per_pass else max(1, n))
+        c, per_pass = self._price(evidence)
+        return None if c is None else d * c * (1 if per_pass else max(1, n))
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
