@@ -149,3 +149,28 @@ def test_guessed_sampled_rows_return_q_at_each_draft():
     assert out.drafts == [[1, 2, 3, 4]] and len(t.chunks) == 1 and len(t.calls) == 1
     assert torch.allclose(out.probs[0].sum(-1), torch.ones(4))
     assert [int(out.probs[0, j].argmax()) for j in range(4)] == [1, 2, 3, 4]
+
+
+def test_agreement_drafts_on_through_a_guess_the_draft_is_unsure_of():
+    reqs = [DraftRequest(0, "a", 10, 3, 6)]
+    guess = {0: [4, 5, 6, 9]}
+    # unsure at position 11 (its draft, 5, equals the guess) and at 12 (6, also guessed)
+    p, t = make(k=6)
+    t.low_conf_at = {11, 12}
+    assert _draft(p, reqs, guess) == [[4, 5]]  # without agreement: stops as the loop does
+    p, t = make(k=6)
+    t.low_conf_at = {11, 12}
+    p.agreement = True
+    # 5 and 6 are unsure but guessed: on to 7 (sure, leaves the guess), then the loop
+    assert _draft(p, reqs, guess) == [[4, 5, 6, 7, 8, 9]]
+    assert p.stats["kept_by_agreement"] == 2 and len(t.chunks) == 1
+    # an unsure draft that differs from the guess still stops the row
+    p, t = make(k=6)
+    t.low_conf_at = {11}
+    p.agreement = True
+    assert _draft(p, reqs, {0: [4, 9, 9]}) == [[4, 5]] and not t.calls
+    # without a guess agreement changes nothing
+    p, t = make(k=6)
+    t.low_conf_at = {11}
+    p.agreement = True
+    assert _draft(p, reqs) == [[4, 5]]

@@ -100,8 +100,12 @@ class SelfSpecProposer(Proposer):
         self.vocab_ids: list[int] | None = (list(self.artifacts.draft_vocab)
                                             if self.artifacts.draft_vocab else None)
         self._vocab_size: int | None = None  # asked for before bind()
-        # guessed tokens fed to the first pass, and those drafted as guessed (propose)
-        self.stats.update({"guessed_tokens": 0, "guesses_kept": 0})
+        # guessed tokens fed to the first pass, and those drafted as guessed (propose); of
+        # those, drafted where the draft alone was unsure (``agreement``)
+        self.stats.update({"guessed_tokens": 0, "guesses_kept": 0, "kept_by_agreement": 0})
+        # where the draft is unsure of a token but drafts the guessed one, draft on through
+        # the guess (set by a method that guesses: ngrammys-selfspec's key ``agreement``)
+        self.agreement = False
 
     def draft_exit_config(self) -> DraftExitConfig:
         """When drafting stops (D&V §3.4: the adaptive threshold)."""
@@ -248,8 +252,11 @@ class SelfSpecProposer(Proposer):
         draft step would (argmax, or a sample from that position's q). The row's drafts
         run while the draft equals the guess (the next position's logits then hold for
         the draft too: they were computed after that token), up to and including the first
-        draft that differs from it, falls under the threshold or reaches the limit.
-        Sampled rows: a draw at position j is used only when the draws before it equalled
+        draft that differs from it, falls under the threshold or reaches the limit. With
+        ``agreement``, a draft under the threshold that equals the guess does not stop the
+        row: two drafters that agree on a token are taken at their word (more tokens from
+        the same pass; the drafts are then no longer the loop's alone, and verification
+        decides as for any draft). Sampled rows: a draw at position j is used only when the draws before it equalled
         the guess, so each draft is drawn from q given the drafts before it, as the loop
         draws. Returns the rows that draft on (``tokens``/``depth`` updated in place)."""
         assert self.target is not None
@@ -275,7 +282,7 @@ class SelfSpecProposer(Proposer):
         if self.agree is not None:  # TP: rank 0's drafts on every rank
             nxt_l, sure_l = self.agree((nxt_l, sure_l))
         on, base = [], 0
-        confirmed = 0
+        confirmed = agreed = 0
         for i, r in enumerate(reqs):
             g, limit = guessed[i], int(max_len[i])
             j = 0
@@ -285,9 +292,14 @@ class SelfSpecProposer(Proposer):
                 if probs is not None and q is not None:
                     probs[r.row, j] = q[base + j]
                 j += 1
-                if not sure_l[base + j - 1] or j >= limit:
-                    break  # stopped, as the loop would stop
-                if j > len(g) or t != g[j - 1]:
+                agrees = j <= len(g) and t == g[j - 1]
+                if j >= limit:
+                    break
+                if not sure_l[base + j - 1]:
+                    if not (self.agreement and agrees):
+                        break  # stopped, as the loop would stop
+                    agreed += 1  # unsure, but the guess drafted it too: on through the guess
+                elif not agrees:
                     on.append(i)  # the draft left the guess: the loop drafts on from t
                     break
             # the guessed tokens drafted: the drafts' leading run equal to the guess
@@ -297,4 +309,5 @@ class SelfSpecProposer(Proposer):
             base += lens[i]
         self.stats["guessed_tokens"] += sum(map(len, guessed))
         self.stats["guesses_kept"] += confirmed
+        self.stats["kept_by_agreement"] += agreed
         return torch.tensor(on, dtype=torch.long, device=dev)

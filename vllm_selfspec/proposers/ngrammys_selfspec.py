@@ -78,6 +78,10 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         "back), \"gate\" (the cost gate picks between drafting the match and that "
         "self-draft) or \"gate-unguessed\" (the gate picks between the match and a "
         "self-draft that does not see it)", "str", choices=MATCHES)
+    agreement: bool = option(
+        False, "with matches \"guess\": where the self-draft is unsure of a token (top-1 "
+        "under the draft-exit threshold) but drafts the guessed one, draft on through the "
+        "guess instead of stopping (the match and the self-draft agree)", "bool")
 
 
 class NGrammysSelfSpecProposer(SelfSpecProposer):
@@ -96,6 +100,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             "history_tokens": c.history_tokens},
             Artifacts(datastore=self.artifacts.datastore))
         self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
+        self.agreement = c.agreement
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
                            "from_selfspec": 0, "match_passed_over": 0})
 
