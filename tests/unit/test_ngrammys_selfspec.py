@@ -131,3 +131,22 @@ def test_registered_with_selfspec_and_n_gram_keys():
     p.bind(t)
     out = p.propose(batch([[2, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6]]))
     assert out.evidence == [SELF_DRAFT] and t.chunks and out.drafts[0] == [7, 8, 9, 10]
+
+
+def test_by_default_an_unsure_self_draft_drafts_on_where_the_match_agrees():
+    """The context repeats "3 4 5 6 7 8"; the self-draft is unsure at the second draft
+    (position 12) but drafts what the match guessed there, so the row drafts on."""
+    m, core, opts = methods.split_config({"method": "ngrammys-selfspec"})
+    assert opts["agreement"] is True
+    history = [2, 3, 4, 5, 6, 7, 8, 1, 3, 4, 5, 6]
+    drafts = {}
+    for agreement in (True, False):
+        p = NGrammysSelfSpecProposer(4, {"history_tokens": 0, "query_length": 2,
+                                         "min_query_length": 2, "agreement": agreement},
+                                     Artifacts(skip_mask=SkipMask()))
+        t = FakeTarget(low_conf_at={12})
+        p.bind(t)
+        drafts[agreement] = p.propose(batch([history])).drafts[0]
+        assert p.stats["kept_by_agreement"] == int(agreement)
+    assert drafts[False] == [7, 8]  # stops after the unsure draft, as selfspec does
+    assert drafts[True] == [7, 8, 9, 10]

@@ -18,7 +18,9 @@ A composition of two papers' drafters, not either one, so it has its own method 
   (``SelfSpecProposer._guessed_pass``), as a draft model checks a cheaper draft's tokens
   in staged speculative decoding (Spector & Re, 2023). The drafts are the self-draft's
   own; a guess that holds saves a draft pass per guessed token, and a match the
-  self-draft would not have drafted is not verified at all.
+  self-draft would not have drafted is not verified at all. Where the self-draft is unsure
+  of a token but drafts the guessed one (key ``agreement``), the two drafters agree and the
+  row drafts on through the guess from the same pass instead of stopping there.
 
 A source the cost gate holds back for a request (its evidence class does not pay) falls
 through to the self-draft; where the gate holds the self-draft back, the match drafts
@@ -79,7 +81,7 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         "self-draft) or \"gate-unguessed\" (the gate picks between the match and a "
         "self-draft that does not see it)", "str", choices=MATCHES)
     agreement: bool = option(
-        False, "with matches \"guess\": where the self-draft is unsure of a token (top-1 "
+        True, "with matches \"guess\": where the self-draft is unsure of a token (top-1 "
         "under the draft-exit threshold) but drafts the guessed one, draft on through the "
         "guess instead of stopping (the match and the self-draft agree)", "bool")
 
