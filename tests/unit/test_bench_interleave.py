@@ -1,10 +1,12 @@
 """tools/bench.py's ``--interleave steps``: engines take turns one engine step at a time,
 each timed by its own clock, and their outputs come back in prompt order."""
 
+import platform
 from types import SimpleNamespace
 
 import pytest
 
+from vllm_selfspec.offline import bench
 from vllm_selfspec.offline.bench import EngineClock, Entry, interleave_mode, merge_twin, step_round
 from vllm_selfspec.proposers.swift import SwiftProposer
 
@@ -115,3 +117,10 @@ def test_auto_is_steps_with_vllms_drafters_too():
     # vLLM's ngram and suffix share the bench's process since P7 (patches.patch_kernel_rebind)
     assert interleave_mode("auto") == "steps"
     assert interleave_mode("prompts") == "prompts" and interleave_mode("steps") == "steps"
+
+
+def test_a_report_names_the_cpu_model(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n")
+    assert bench.cpu_model(str(info)) == "AMD EPYC 9B14"
+    assert bench.cpu_model(str(tmp_path / "missing")) == platform.machine()

@@ -486,9 +486,22 @@ def machine() -> dict[str, Any]:
         vv = vllm.__version__
     except Exception:  # pragma: no cover
         vv = "?"
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "torch": torch.__version__, "vllm": vv, "python": platform.python_version(),
-            "cuda": torch.cuda.is_available()}
+    return {"cpu": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
+            "cores": os.cpu_count(), "torch": torch.__version__, "vllm": vv,
+            "python": platform.python_version(), "cuda": torch.cuda.is_available()}
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the runs of one day may land on different
+    machines, whose relative speeds of drafting and verifying differ)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 if __name__ == "__main__":

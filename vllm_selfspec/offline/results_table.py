@@ -33,7 +33,7 @@ def table(report: dict[str, Any]) -> str:
              f"{c['dataset']} ({c['split']} split), {c['num_prompts']} prompts × {c['max_tokens']} "
              f"tokens, {c['dtype']}, temperature {c['temperature']}, concurrency "
              f"{c['concurrency']}, {'eager' if c.get('enforce_eager') else 'torch.compile'} target; "
-             f"{m.get('cores')} CPU cores, vLLM {m.get('vllm')}, torch {m.get('torch')}", "",
+             f"{m.get('cores')} CPU cores{' (' + m['cpu_model'] + ')' if m.get('cpu_model') else ''}, vLLM {m.get('vllm')}, torch {m.get('torch')}", "",
              "| method | tok/s | speedup | mean acceptance length | acceptance rate | tokens/step "
              "| identical to plain |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
