@@ -307,6 +307,9 @@ class PluginDrafter:
             for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
                 if draft:
                     self.evidence[req_id] = label
+        if proposal.shadows and self.gate is not None:
+            for label, drafted, accepted in proposal.shadows:
+                self.gate.observe(drafted, accepted, label, age=False)
         self._maybe_log_stats()
         return proposal.drafts, proposal.probs
 

@@ -507,3 +507,16 @@ def test_a_gate_that_keeps_plain_decides_again_only_every_few_steps():
     end, _, _ = simulate(fresh, 300, draft_cost=0.46, accept=0.05)
     _, _, plan_every_step = simulate(fresh, 400, draft_cost=0.46, accept=0.05, start=end)
     assert sum(x > 0 for x in plan_every_step) == sum(x > 0 for x in plan)
+
+
+def test_a_shadow_verification_counts_for_its_class_without_ageing_the_others():
+    g = CostGate(k=4)
+    g.observe(4, 4, "selfspec")
+    before = [b.tries for b in g.classes["selfspec"].accept]
+    g.observe(3, 1, "context", age=False)
+    assert [b.tries for b in g.classes["selfspec"].accept] == before
+    assert [b.tries for b in g.classes["context"].accept][:3] == [1, 1, 0]
+    assert g.acceptance(0, optimistic=False, evidence="context") > \
+        g.acceptance(1, optimistic=False, evidence="context")
+    g.observe(4, 4, "selfspec")  # a real verification ages every class, shadows included
+    assert g.classes["context"].accept[0].tries < 1

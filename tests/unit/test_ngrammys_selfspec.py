@@ -150,3 +150,29 @@ def test_by_default_an_unsure_self_draft_drafts_on_where_the_match_agrees():
         assert p.stats["kept_by_agreement"] == int(agreement)
     assert drafts[False] == [7, 8]  # stops after the unsure draft, as selfspec does
     assert drafts[True] == [7, 8, 9, 10]
+
+
+def test_a_passed_over_match_is_verified_in_the_shadow_of_the_self_draft():
+    """The context match after "9 3" is 5 6 7 11; the self-draft drafts instead. At the next
+    step the match is scored against the tokens the target produced since."""
+    p, _ = make(k=4, matches="guess")
+    out = p.propose(batch([REPEAT]))
+    assert out.evidence == [SELF_DRAFT] and out.shadows is None
+    label = next(iter(p.passed_over.values()))[0]
+    assert label.startswith("context")
+    # the target produced 5 6 8: the match would have had two accepted of three tried
+    out = p.propose(batch([REPEAT + [5, 6, 8]]))
+    assert out.shadows == [(label, 3, 2)]
+    # all the target produced so far equals the match, which goes on: the rest is unknown
+    p, _ = make(k=4, matches="guess")
+    p.propose(batch([REPEAT]))
+    assert p.propose(batch([REPEAT + [5, 6]])).shadows == [(label, 2, 2)]
+    # wrong from its first token; and a request not stepped since gives no shadow
+    p, _ = make(k=4, matches="guess")
+    p.propose(batch([REPEAT]))
+    assert p.propose(batch([REPEAT + [1]])).shadows == [(label, 1, 0)]
+    p, _ = make(k=4, matches="guess")
+    p.propose(batch([REPEAT]))
+    assert p.propose(batch([REPEAT])).shadows is None
+    p.finish({"r0"})
+    assert not p.passed_over

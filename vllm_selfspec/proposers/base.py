@@ -107,6 +107,10 @@ class Proposal:
     # at once (self-drafting): its deepest row's draft length; the cost gate prices that
     # class per draft position rather than per row-token (CostGate.drafted)
     depth: dict[str, int] | None = None
+    # verifications of drafts not made: (evidence class, drafted, accepted) of a source the
+    # proposer passed over, scored against the tokens the target then produced; the cost gate
+    # counts them as that class's evidence (CostGate.observe with age=False)
+    shadows: list[tuple[str, int, int]] | None = None
     # seconds of the call spent on other work than drafting (SWIFT's optimization step):
     # neither a draft token's cost nor the step's, so the cost gate prices neither with it
     excluded_seconds: float = 0.0

@@ -451,15 +451,18 @@ class CostGate:
             self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / (depth.get("") or tokens),
                                      self.c_samples)
 
-    def observe(self, drafted: int, accepted: int, evidence: str = "") -> None:
+    def observe(self, drafted: int, accepted: int, evidence: str = "",
+                age: bool = True) -> None:
         """One verification of a draft of class ``evidence``: positions 0..drafted-1 were
-        tried in order, ``accepted`` kept. Every class's counts age by one verification."""
-        self._plain_until = -1
-        f = self.cfg.forget
-        for e in self.classes.values():
-            for b in e.accept:
-                b.hits *= f
-                b.tries *= f
+        tried in order, ``accepted`` kept. Every class's counts age by one verification;
+        ``age`` False: a shadow verification (Proposal.shadows) of a step already counted."""
+        if age:
+            self._plain_until = -1
+            f = self.cfg.forget
+            for e in self.classes.values():
+                for b in e.accept:
+                    b.hits *= f
+                    b.tries *= f
         curve = self._evidence(evidence).accept
         for i in range(min(drafted, self.k)):
             if i > accepted:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import Any, Mapping
 
 import torch
@@ -102,9 +103,13 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             "history_tokens": c.history_tokens},
             Artifacts(datastore=self.artifacts.datastore))
         self.self_drafted: set[str] = set()  # requests whose pending draft is a self-draft
+        # req_id -> (evidence class, tokens in the request then, continuation) of a match
+        # passed over for the self-draft: scored against what the target produced next
+        self.passed_over: dict[str, tuple[str, int, list[int]]] = {}
         self.agreement = c.agreement
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
-                           "from_selfspec": 0, "match_passed_over": 0})
+                           "from_selfspec": 0, "match_passed_over": 0,
+                           "shadow_verifications": 0})
 
     def observe(self, results: list[Verification]) -> None:
         """Base counters for every draft; the draft-exit threshold learns from the
@@ -125,6 +130,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         if batch.token_ids is None or batch.num_tokens is None:
             return Proposal(drafts)
         rest, guesses = [], {}
+        shadows = self._shadows(batch)
         for r in batch.requests:
             if r.max_len <= 0:
                 continue
@@ -142,8 +148,11 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                 rest.append(dataclasses.replace(r, max_len=own))
                 evidence[r.row] = SELF_DRAFT
                 self.stats["match_passed_over"] += int(cap > 0)
-                if rows and self.cfg.matches != UNGUESSED:
-                    guesses[r.row] = rows[0]
+                if rows:
+                    self.passed_over[r.req_id] = (labels[0], len(history),
+                                                  [int(t) for t in rows[0][: self.k]])
+                    if self.cfg.matches != UNGUESSED:
+                        guesses[r.row] = rows[0]
         probs, timed, depth = None, None, None
         if rest:
             t0 = time.perf_counter()
@@ -163,10 +172,36 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                 if evidence[r.row] not in ("", SELF_DRAFT):
                     for i, t in enumerate(drafts[r.row]):
                         probs[r.row, i, t] = 1.0
-        return Proposal(drafts, probs, evidence=evidence, timed=timed, depth=depth)
+        return Proposal(drafts, probs, evidence=evidence, timed=timed, depth=depth,
+                        shadows=shadows or None)
+
+    def _shadows(self, batch: DraftBatch) -> list[tuple[str, int, int]]:
+        """Each match passed over at a request's last draft, verified as if it had been
+        drafted alone, against the tokens the target has produced since: accepted up to
+        its first token that differs; where it equals all of them and goes on, the
+        positions after them are unknown and not counted. So a match class is measured
+        while the self-draft drafts in its place, and the cost gate can prefer it where it
+        pays more (key ``matches`` "gate")."""
+        shadows = []
+        for r in batch.requests:
+            seen = self.passed_over.pop(r.req_id, None)
+            if seen is None or batch.token_ids is None or batch.num_tokens is None:
+                continue
+            label, start, guess = seen
+            new = [int(t) for t in batch.token_ids[r.row, start: int(batch.num_tokens[r.row])]]
+            if not new:
+                continue
+            same = sum(1 for _ in takewhile(lambda ab: ab[0] == ab[1], zip(guess, new)))
+            tried = min(len(guess), same + 1 if same < len(new) else same)
+            if tried > 0:
+                shadows.append((label, tried, same))
+        self.stats["shadow_verifications"] += len(shadows)
+        return shadows
 
     def finish(self, req_ids: set[str]) -> None:
         super().finish(req_ids)
+        for r in req_ids:
+            self.passed_over.pop(r, None)
         self.ngrams.finish(req_ids)
 
     def report(self) -> dict[str, Any]:
