@@ -31,8 +31,10 @@ repeats, short context matches and datastore rows are accepted far less often th
 low-bit self-draft, and taking the first source that matches cost this method half of
 ``selfspec``'s acceptance length (docs/results.md). The gate prices the self-draft per
 pass (one pass drafts a position for every row) and n-gram tokens on their own (almost
-nothing). Sampling: n-gram drafts are deterministic (one-hot q); self-drafts are drawn
-from the low-bit pass's q.
+nothing). A match passed over for the self-draft is scored at the request's next step
+against the tokens the target produced (``_shadows``), as evidence for its class: the gate
+measures each kind of match without drafting it. Sampling: n-gram drafts are deterministic
+(one-hot q); self-drafts are drawn from the low-bit pass's q.
 """
 
 from __future__ import annotations
