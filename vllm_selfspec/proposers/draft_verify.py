@@ -256,9 +256,9 @@ class SelfSpecProposer(Proposer):
         ``agreement``, a draft under the threshold that equals the guess does not stop the
         row: two drafters that agree on a token are taken at their word (more tokens from
         the same pass; the drafts are then no longer the loop's alone, and verification
-        decides as for any draft). Sampled rows: a draw at position j is used only when the draws before it equalled
-        the guess, so each draft is drawn from q given the drafts before it, as the loop
-        draws. Returns the rows that draft on (``tokens``/``depth`` updated in place)."""
+        decides as for any draft). Sampled rows: a draw at position j is used only when the
+        draws before it equalled the guess, so each draft is drawn from q given the drafts
+        before it, as the loop draws. Returns the rows that draft on (``tokens``/``depth`` updated in place)."""
         assert self.target is not None
         sampled, temperature, top_k, top_p = sampling
         dev = self.target.device

@@ -84,9 +84,9 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         "self-draft) or \"gate-unguessed\" (the gate picks between the match and a "
         "self-draft that does not see it)", "str", choices=MATCHES)
     agreement: bool = option(
-        True, "with matches \"guess\": where the self-draft is unsure of a token (top-1 "
-        "under the draft-exit threshold) but drafts the guessed one, draft on through the "
-        "guess instead of stopping (the match and the self-draft agree)", "bool")
+        True, "where a match is the self-draft's guess and the self-draft is unsure of a "
+        "token (top-1 under the draft-exit threshold) but drafts the guessed one, draft on "
+        "through the guess instead of stopping (the match and the self-draft agree)", "bool")
 
 
 class NGrammysSelfSpecProposer(SelfSpecProposer):
