@@ -65,5 +65,7 @@ def test_ngrammys_selfspec_guessed_self_drafts_stay_identical(
     assert token_ids(outs) == reference
     assert stats["from_context"] == 0 and stats["from_selfspec"] > 0, stats
     assert stats["guesses_kept"] > 0 and stats["guessed_tokens"] > stats["guesses_kept"], stats
+    # each match passed over was scored against the target's tokens (the gate's evidence)
+    assert stats["shadow_verifications"] > 0, stats
     assert stats.get("failures", 0) == 0 and acceptance(outs).accepted > 0
     assert sampled["guessed_tokens"] > stats["guessed_tokens"], sampled  # guessed while sampling
