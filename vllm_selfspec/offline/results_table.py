@@ -29,11 +29,12 @@ def fmt(v: Any, digits: int = 2) -> str:
 def table(report: dict[str, Any]) -> str:
     c = report["config"]
     m = c.get("machine", {})
+    cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
     lines = [f"`{c['command']}`", "",
              f"{c['dataset']} ({c['split']} split), {c['num_prompts']} prompts × {c['max_tokens']} "
              f"tokens, {c['dtype']}, temperature {c['temperature']}, concurrency "
              f"{c['concurrency']}, {'eager' if c.get('enforce_eager') else 'torch.compile'} target; "
-             f"{m.get('cores')} CPU cores{' (' + m['cpu_model'] + ')' if m.get('cpu_model') else ''}, vLLM {m.get('vllm')}, torch {m.get('torch')}", "",
+             f"{m.get('cores')} CPU cores{cpu}, vLLM {m.get('vllm')}, torch {m.get('torch')}", "",
              "| method | tok/s | speedup | mean acceptance length | acceptance rate | tokens/step "
              "| identical to plain |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

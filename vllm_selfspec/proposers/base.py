@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -21,6 +21,17 @@ import torch
 from .options import CommonOptions, build
 from .resolved import Artifacts
 from .skip_mask import SkipMask
+
+
+def agreed_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (a draft's accepted run against the
+    tokens it is checked with)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass

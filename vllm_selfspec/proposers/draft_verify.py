@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from itertools import takewhile
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from .base import DraftBatch, DraftRequest, LayerSkipTarget, Proposal, Proposer, Verification
+from .base import (
+    DraftBatch,
+    DraftRequest,
+    LayerSkipTarget,
+    Proposal,
+    Proposer,
+    Verification,
+    agreed_prefix,
+)
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
 from .options import (
@@ -258,7 +265,8 @@ class SelfSpecProposer(Proposer):
         the same pass; the drafts are then no longer the loop's alone, and verification
         decides as for any draft). Sampled rows: a draw at position j is used only when the
         draws before it equalled the guess, so each draft is drawn from q given the drafts
-        before it, as the loop draws. Returns the rows that draft on (``tokens``/``depth`` updated in place)."""
+        before it, as the loop draws. Returns the rows that draft on (``tokens``/``depth``
+        updated in place)."""
         assert self.target is not None
         sampled, temperature, top_k, top_p = sampling
         dev = self.target.device
@@ -303,8 +311,7 @@ class SelfSpecProposer(Proposer):
                     on.append(i)  # the draft left the guess: the loop drafts on from t
                     break
             # the guessed tokens drafted: the drafts' leading run equal to the guess
-            confirmed += sum(1 for _ in takewhile(lambda ab: ab[0] == ab[1],
-                                                  zip(drafts[r.row], g)))
+            confirmed += agreed_prefix(drafts[r.row], g)
             tokens[i], depth[i] = t, j
             base += lens[i]
         self.stats["guessed_tokens"] += sum(map(len, guessed))

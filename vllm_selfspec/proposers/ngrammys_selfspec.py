@@ -42,12 +42,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from itertools import takewhile
 from typing import Any, Mapping
 
 import torch
 
-from .base import DraftBatch, Proposal, Verification
+from .base import DraftBatch, Proposal, Verification, agreed_prefix
 from .draft_verify import SelfSpecOptions, SelfSpecProposer
 from .ngrammys import (
     DATASTORE_HELP,
@@ -183,17 +182,18 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         its first token that differs; where it equals all of them and goes on, the
         positions after them are unknown and not counted. So a match class is measured
         while the self-draft drafts in its place, and the cost gate can prefer it where it
-        pays more (key ``matches`` "gate")."""
+        pays more (key ``matches`` "gate"). ``propose`` calls it once the batch's token
+        ids are known to be there."""
         shadows = []
         for r in batch.requests:
             seen = self.passed_over.pop(r.req_id, None)
-            if seen is None or batch.token_ids is None or batch.num_tokens is None:
+            if seen is None:
                 continue
             label, start, guess = seen
             new = [int(t) for t in batch.token_ids[r.row, start: int(batch.num_tokens[r.row])]]
             if not new:
                 continue
-            same = sum(1 for _ in takewhile(lambda ab: ab[0] == ab[1], zip(guess, new)))
+            same = agreed_prefix(guess, new)
             tried = min(len(guess), same + 1 if same < len(new) else same)
             if tried > 0:
                 shadows.append((label, tried, same))
