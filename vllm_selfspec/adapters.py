@@ -238,14 +238,19 @@ class DirectWalk:
 
     ``dtype``: the residual stream's (and the norms'): the model's, or bfloat16 when the
     linear layers run low-bit kernels with bfloat16 activations (no conversion around each
-    of them); queries, keys and values enter attention in the KV cache's dtype."""
+    of them); queries, keys and values enter attention in the KV cache's dtype.
+
+    ``fold``: the low-bit draft (``draft_weights.LowBitDraft``) whose SmoothQuant input
+    multipliers the walk folds into the norms and row scales before each layer
+    (``_fold_smoothing``), or None."""
 
     def __init__(self, adapter: PreNormDecoderAdapter,
                  linear: Callable[[nn.Module, torch.dtype], Callable[[torch.Tensor], torch.Tensor]],
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, fold: Any = None) -> None:
         self.adapter = adapter
         self.dtype = dtype
         self.layers = []
+        self.folded = 0  # SmoothQuant multipliers folded out of the walk (``fold``)
         for layer in adapter.layers:
             at, mlp = layer.self_attn, layer.mlp
             attn = at.attn
@@ -268,6 +273,8 @@ class DirectWalk:
                 head_size_v=int(getattr(attn, "head_size_v", attn.head_size)),
                 o=linear(at.o_proj, dtype), gate_up=linear(mlp.gate_up_proj, dtype),
                 down=linear(mlp.down_proj, dtype)))
+            if fold is not None:
+                self.folded += _fold_smoothing(fold, layer, dtype, self.layers[-1])
         self.final_norm = _norm_params(adapter.inner.norm, dtype)
 
     @staticmethod
@@ -364,6 +371,45 @@ class DirectWalk:
                 h = L["down"](act)
         h, _ = _norm(ops, h, residual, *self.final_norm)
         return h
+
+
+def _fold_smoothing(fold: Any, layer: nn.Module, dtype: torch.dtype, L: dict[str, Any]) -> int:
+    """Fold SmoothQuant's input multipliers (``draft_weights.LowBitDraft.smooth``) out of
+    the walk's linear layers, one multiply fewer each (SmoothQuant, Xiao et al. 2023, §3:
+    the input's scaling is folded into the layer before it): ``qkv_proj``'s and
+    ``gate_up_proj``'s into the RMSNorm weight before them (the norm's output feeds only
+    that layer), ``down_proj``'s into the up half of ``gate_up_proj``'s row scales
+    (SiLU(g)·u is linear in u). Only the walk's copies change; the target's weights and
+    norms stay as they are. Returns how many multipliers it folded (0-3)."""
+    at, mlp = layer.self_attn, layer.mlp
+    folded = 0
+    s = fold.smooth(at.qkv_proj)
+    if s is not None:
+        qkv = fold.folded_linear(at.qkv_proj, dtype)
+        if qkv is not None:
+            w, eps = L["in_norm"]
+            L["in_norm"], L["qkv"] = (w * s.to(w.dtype), eps), qkv
+            folded += 1
+    s_gu, s_down = fold.smooth(mlp.gate_up_proj), fold.smooth(mlp.down_proj)
+    gate_up = None
+    if s_down is not None:
+        half = int(mlp.gate_up_proj.output_size_per_partition) // 2
+        gate_up = fold.folded_linear(mlp.gate_up_proj, dtype, rows=(half, s_down))
+        down = fold.folded_linear(mlp.down_proj, dtype)
+        if gate_up is not None and down is not None:
+            L["down"] = down
+            folded += 1
+        else:
+            gate_up = None
+    if gate_up is None and s_gu is not None:
+        gate_up = fold.folded_linear(mlp.gate_up_proj, dtype)
+    if gate_up is not None:
+        if s_gu is not None:
+            w, eps = L["post_norm"]
+            L["post_norm"] = (w * s_gu.to(w.dtype), eps)
+            folded += 1
+        L["gate_up"] = gate_up
+    return folded
 
 
 def _plain_rope(rope: nn.Module) -> bool:

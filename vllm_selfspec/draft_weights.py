@@ -195,6 +195,32 @@ class LowBitDraft:
             return module_linear(module, dtype)
         return lin.bound(linear_bias(module), dtype)
 
+    def smooth(self, module: Any) -> torch.Tensor | None:
+        """The multiplier [K] (SmoothQuant's 1/s) ``module``'s low-bit copy applies to its
+        input, or None (not smoothed, or the layer stays the target's own)."""
+        lin = self.forms.get(id(module))
+        return None if lin is None else lin.smooth
+
+    def folded_linear(self, module: Any, dtype: torch.dtype,
+                      rows: tuple[int, torch.Tensor] | None = None
+                      ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """``linear`` for an input the walk multiplies by ``smooth(module)`` already (folded
+        into the RMSNorm weight before it, or into the rows that make it), and with
+        ``rows`` = (start, factor) its output rows from ``start`` on multiplied by
+        ``factor`` (the next layer's smoothing, folded into this one's row scales). None
+        where it cannot: no low-bit copy, a bias, or a format without per-row scales."""
+        lin = self.forms.get(id(module))
+        if lin is None:
+            return None
+        bias = linear_bias(module)
+        if rows is not None:
+            if bias is not None:
+                return None
+            lin = lin.scaled_rows(*rows)
+            if lin is None:
+                return None
+        return lin.bound(bias, dtype, presmoothed=True)
+
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         # through the instance dict: nn.Module.__setattr__'s checks cost ~3 µs a swap, and

@@ -93,7 +93,7 @@ class TargetView:
         self._direct: DirectWalk | None = None
         if self._direct_why is None:
             if low_bit is not None:
-                self._direct = DirectWalk(adapter, low_bit.linear, low_bit.walk_dtype)
+                self._direct = DirectWalk(adapter, low_bit.linear, low_bit.walk_dtype, fold=low_bit)
             else:
                 self._direct = DirectWalk(adapter, module_linear, adapter.embed_weight.dtype)
         self._arange = torch.arange(runner.max_num_reqs + 1, dtype=torch.int32, device=self.device)

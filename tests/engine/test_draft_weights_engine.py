@@ -77,6 +77,19 @@ def test_low_bit_self_draft_is_mostly_accepted(engine, eval_prompts):
         pytest.skip("acceptance bar for a draft that skips nothing; swift skips layers")
     acc = acceptance(llm.generate(eval_prompts, GREEDY, use_tqdm=False))
     assert acc.acceptance_rate >= 0.8, acc
+    # ... through the direct walk, SmoothQuant's multipliers folded into the norms and
+    # row scales before the layers (adapters._fold_smoothing): the acceptance above is
+    # the folded walk's
+    walk = llm.collective_rpc(_walk_folds)[0]
+    stats = llm.collective_rpc(control.drafter_stats)[0]
+    if walk is None:
+        pytest.skip("the direct walk does not run on this vLLM build")
+    assert stats["smoothed_layers"] > 0 and 0 < walk["folded"] <= 3 * walk["layers"], walk
+
+
+def _walk_folds(worker) -> dict | None:
+    walk = control._drafter(worker).proposer.target._direct
+    return None if walk is None else {"folded": walk.folded, "layers": len(walk.layers)}
 
 
 def test_sampled_drafts_hand_q_to_the_rejection_sampler(engine, eval_prompts):

@@ -204,3 +204,85 @@ def test_smoothing_moves_activation_outliers_into_the_weights(fmt):
     assert _rel_err(bound(x), ref) == pytest.approx(err_smooth, rel=0.05)
     # absmax of another width (a row-parallel shard under tensor parallelism): not smoothed
     assert low_bit_forms(w, [fmt], act_absmax=torch.ones(32), alpha=0.5)[fmt].smooth is None
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+def test_scaled_rows_scale_only_the_rows_named(fmt):
+    if fmt == "w8a8" and not _vllm_cpu_ops():
+        pytest.skip("w8a8 runs vLLM's CPU kernel: not in this vLLM build")
+    if not kernels_available(fmt, CPU):
+        pytest.skip(f"no {fmt} kernel in this torch build")
+    w, x = _weight(), torch.randn(3, 64)
+    lin = quantize(w, fmt)
+    factor = torch.rand(48) + 0.5
+    scaled = lin.scaled_rows(48, factor)
+    y, ys = lin(x), scaled(x)
+    assert torch.equal(scaled.packed, lin.packed)  # the packed weight is shared
+    assert _rel_err(ys[:, :48], y[:, :48]) < 1e-6
+    assert _rel_err(ys[:, 48:], y[:, 48:] * factor) < 0.01
+    assert _rel_err(ys[:, 48:], y[:, 48:]) > 0.1
+    assert lin.scaled_rows(48, torch.ones(47)) is None  # the wrong width
+
+
+def test_scaled_rows_need_row_scales():
+    if not kernels_available("int4", CPU):
+        pytest.skip("no int4 kernel in this torch build")
+    assert quantize(_weight(), "int4").scaled_rows(48, torch.ones(48)) is None
+
+
+def _fold_case():
+    """A layer's MLP (RMSNorm, gate_up, SiLU-and-mul, down), both linears W8A8 and
+    smoothed from inputs with outlier channels, as ``LowBitDraft`` holds them."""
+    import types
+
+    from vllm_selfspec.draft_weights import LowBitDraft
+
+    k, inter = 64, 64
+    gu_w, down_w = _weight(2 * inter, k, seed=2), _weight(k, inter, seed=3)
+    x = _outlier_input()
+    norm_w = torch.rand(k) + 0.5
+
+    def rms(h, w):
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    act_in = rms(x, norm_w)
+    g, u = F.linear(act_in, gu_w).chunk(2, dim=-1)
+    act_mid = F.silu(g) * u
+    gu = low_bit_forms(gu_w, ["w8a8"], act_absmax=act_in.abs().amax(0), alpha=0.5)["w8a8"]
+    down = low_bit_forms(down_w, ["w8a8"], act_absmax=act_mid.abs().amax(0) * 8, alpha=0.5)["w8a8"]
+    mlp = types.SimpleNamespace(gate_up_proj=types.SimpleNamespace(output_size_per_partition=2 * inter),
+                                down_proj=types.SimpleNamespace())
+    layer = types.SimpleNamespace(self_attn=types.SimpleNamespace(qkv_proj=object()), mlp=mlp)
+    fold = LowBitDraft.__new__(LowBitDraft)
+    fold.forms = {id(mlp.gate_up_proj): gu, id(mlp.down_proj): down}
+    L = dict(in_norm=(torch.ones(k), 1e-6), post_norm=(norm_w, 1e-6),
+             gate_up=gu.bound(None, torch.float32), down=down.bound(None, torch.float32))
+
+    def run(L):
+        a, b = L["gate_up"](rms(x, L["post_norm"][0])).chunk(2, dim=-1)
+        return L["down"](F.silu(a) * b)
+
+    return fold, layer, L, run, F.linear(act_mid, down_w)
+
+
+def test_smoothing_folds_into_the_norm_and_the_rows_before():
+    """The draft walk folds ``gate_up``'s smoothing into the RMSNorm weight and
+    ``down``'s into ``gate_up``'s up rows (adapters._fold_smoothing): the same MLP up to
+    rounding, two multiplies fewer; a kernel told its input is smoothed when it is not
+    computes something else, so the comparison can fail."""
+    if not _vllm_cpu_ops():
+        pytest.skip("w8a8 runs vLLM's CPU kernel: not in this vLLM build")
+    from vllm_selfspec.adapters import _fold_smoothing
+
+    fold, layer, L, run, ref = _fold_case()
+    unfolded = run(L)
+    before = L["post_norm"][0].clone()
+    folded_L = dict(L)
+    assert _fold_smoothing(fold, layer, torch.float32, folded_L) == 2  # no qkv copy here
+    assert folded_L["post_norm"][0] is not L["post_norm"][0]
+    assert torch.equal(L["post_norm"][0], before)  # the target's norm weight is not touched
+    folded = run(folded_L)
+    assert _rel_err(folded, unfolded) < 0.02
+    assert _rel_err(folded, ref) < 0.05
+    wrong = dict(folded_L, post_norm=L["post_norm"])  # a presmoothed kernel, unsmoothed input
+    assert _rel_err(run(wrong), unfolded) > 0.1

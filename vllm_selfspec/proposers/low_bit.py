@@ -169,11 +169,24 @@ class LowBitLinear:
         return y.reshape(*shape[:-1], self.out_features)
 
 
-    def bound(self, bias: torch.Tensor | None, dtype: torch.dtype
+    def scaled_rows(self, start: int, factor: torch.Tensor) -> LowBitLinear | None:
+        """This copy with output rows ``start..`` multiplied by ``factor`` [N - start]
+        (through the per-row scales, the packed weight shared), or None where the format
+        has no per-row scale (int4's group scales, FBGEMM's packed object)."""
+        if self.fmt not in ("int8", "w8a8") or factor.numel() != self.out_features - start:
+            return None
+        scales = self.scales.clone()
+        scales[start:] = (scales[start:].float() * factor.float()).to(scales.dtype)
+        return LowBitLinear(self.fmt, self.out_features, self.in_features, self.packed,
+                            scales.contiguous(), self.group, self.smooth)
+
+    def bound(self, bias: torch.Tensor | None, dtype: torch.dtype, presmoothed: bool = False
               ) -> Callable[[torch.Tensor], torch.Tensor]:
         """``x -> self(x, bias)`` for x [n, K] already in ``dtype``, with the bias
         converted once and no reshaping: the draft walk calls it once per layer and token
-        (each wrapper step costs microseconds there)."""
+        (each wrapper step costs microseconds there). ``presmoothed``: x comes multiplied
+        by ``smooth`` already (folded into the norm or the rows before it), so the kernel
+        does not multiply it again."""
         b = None if bias is None else bias.detach().to(dtype)
         packed, scales, group = self.packed, self.scales, self.group
         if self.fmt == "int8":
@@ -197,7 +210,7 @@ class LowBitLinear:
                 return op(a, packed, group, scales)
         act = self.act_dtype
         smooth = self.smooth
-        if smooth is not None:
+        if smooth is not None and not presmoothed:
             unsmoothed = kernel
 
             def kernel(a: torch.Tensor) -> torch.Tensor:
