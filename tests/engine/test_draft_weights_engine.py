@@ -83,6 +83,9 @@ def test_low_bit_self_draft_is_mostly_accepted(engine, eval_prompts):
     walk = llm.collective_rpc(_walk_folds)[0]
     stats = llm.collective_rpc(control.drafter_stats)[0]
     if walk is None:
+        # not a losslessness check (identity is asserted above on every build): the fold
+        # lives in the direct walk, which another vLLM build may not run (it then uses the
+        # module walk, whose multiplies are not folded)
         pytest.skip("the direct walk does not run on this vLLM build")
     assert stats["smoothed_layers"] > 0 and 0 < walk["folded"] <= 3 * walk["layers"], walk
 

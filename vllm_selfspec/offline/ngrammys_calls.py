@@ -38,22 +38,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
+from vllm_selfspec.proposers.base import DraftBatch, DraftRequest, agreed_prefix
 from vllm_selfspec.proposers.datastore import Datastore
 from vllm_selfspec.proposers.ngram_tables import BigramTable
 from vllm_selfspec.proposers.ngrammys import NGrammysProposer, mixed_rows, mixed_rows_labelled
 from vllm_selfspec.proposers.resolved import Artifacts
 
 Rows = Callable[[np.ndarray], list[list[int]]]
-
-
-def match_len(row: list[int], future: list[int]) -> int:
-    n = 0
-    for a, b in zip(row, future):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def walk(prompt: list[int], cont: list[int], step: Callable[[np.ndarray, int], int]) -> int:
@@ -81,7 +72,7 @@ def replay(prompt: list[int], cont: list[int], rows_fn: Rows, calls_per_step: in
         limit = len(cont) - t - 1
         rows = [r[:limit] for r in rows_fn(h)] if limit > 0 else []
         drafted += max((len(r) for r in rows), default=0)
-        return max((match_len(r, cont[t:]) for r in rows), default=0)
+        return max((agreed_prefix(r, cont[t:]) for r in rows), default=0)
 
     calls = 1 + calls_per_step * walk(prompt, cont, step)  # the prefill is one call
     return len(cont), calls, drafted
@@ -306,7 +297,7 @@ def chain_steps(data: list[tuple[list[int], list[int]]], prop: NGrammysProposer,
                 src = label(src, h, row)
             if cut is not None:
                 row = row[: cut.get(src, len(row))]
-            a = match_len(row, cont[t:])
+            a = agreed_prefix(row, cont[t:])
             steps.append((src, len(row), a))
             return a
 
@@ -432,9 +423,9 @@ ROW_CHOICES: dict[str, Callable[[dict[str, list[int]], list[int]], list[int]]] =
     # bounds: the row that matches the continuation longest (no rule can beat them)
     "oracle: the better of context and history, else bigram":
         lambda rows, fut: max((r for r in (rows["context"], rows["history"]) if r),
-                              key=lambda r: match_len(r, fut), default=rows["bigram"]),
+                              key=lambda r: agreed_prefix(r, fut), default=rows["bigram"]),
     "oracle: the best of all three":
-        lambda rows, fut: max((r for r in rows.values() if r), key=lambda r: match_len(r, fut),
+        lambda rows, fut: max((r for r in rows.values() if r), key=lambda r: agreed_prefix(r, fut),
                               default=[]),
 }
 
