@@ -174,3 +174,54 @@ def test_agreement_drafts_on_through_a_guess_the_draft_is_unsure_of():
     t.low_conf_at = {11}
     p.agreement = True
     assert _draft(p, reqs) == [[4, 5]]
+
+
+def test_a_fresh_guess_after_the_draft_leaves_the_first_one():
+    reqs = [DraftRequest(0, "a", 10, 3, 8), DraftRequest(1, "b", 20, 7, 3)]
+    p, t = make(k=8)
+    want = _draft(p, reqs)
+    seen = []
+
+    def again(row, drafted):
+        seen.append((row, list(drafted)))
+        # a: after its first chunk (4 5 6 then 7, off the guess) guesses 8 9 10 11 right
+        return [8, 9, 10, 11] if row == 0 else []
+
+    p, t = make(k=8)
+    got = p.propose(DraftBatch(["r0", "r1"], reqs), {0: [4, 5, 6, 9]}, again).drafts
+    assert got == want == [[4, 5, 6, 7, 8, 9, 10, 11], [8, 9, 10]]
+    # chunk 2: a from its draft 7 at position 14 with the fresh guess cut to the 3 tokens
+    # its limit leaves (its 8th draft comes from the last one), b from 8 at 21, unguessed
+    assert seen[:2] == [(0, [4, 5, 6, 7]), (1, [8])]
+    assert t.chunks[1] == ([0, 1], [7, 8, 9, 10, 8], [4, 1], [14, 21])
+    assert len(t.chunks) == 2 and len(t.calls) == 1  # b's last draft: a one-token step
+    assert p.stats["guessed_again"] >= 1 and p.stats["guesses_kept"] == 3 + 3
+
+
+def test_fresh_guesses_never_change_the_drafts():
+    """Random first and fresh guesses (often right), limits and unsure positions: the
+    drafts are those of the loop without guesses."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(200):
+        k = rng.randint(1, 8)
+        low = {rng.randint(0, 12) for _ in range(rng.randint(0, 2))}
+        reqs = [DraftRequest(i, f"r{i}", rng.randint(0, 5), rng.randrange(V), rng.randint(1, k))
+                for i in range(rng.randint(1, 3))]
+
+        def guess(last):
+            g = [(last + 1 + j) % V for j in range(rng.randint(0, 9))]
+            if g and rng.random() < 0.5:
+                g[rng.randrange(len(g))] = rng.randrange(V)
+            return g
+
+        first = {r.row: guess(r.token) for r in reqs}
+        tok = {r.row: r.token for r in reqs}
+        plain, _ = make(k=k)
+        plain.target.low_conf_at = low
+        guessed, _ = make(k=k)
+        guessed.target.low_conf_at = low
+        got = guessed.propose(DraftBatch([r.req_id for r in reqs], reqs), first,
+                              lambda row, d: guess(d[-1] if d else tok[row])).drafts
+        assert got == _draft(plain, reqs), (k, low, reqs)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -43,6 +43,9 @@ from .sampling import choose_tokens
 from .skip_mask import SkipMask
 
 logger = logging.getLogger("vllm.vllm_selfspec")
+
+# a row's fresh guess from its drafts so far: (batch row, drafts) -> tokens
+GuessAgain = Callable[[int, list[int]], Sequence[int]]
 
 _DE = DraftExitConfig  # D&V's draft-exit defaults live there (Table 6, Appendix B)
 
@@ -109,7 +112,8 @@ class SelfSpecProposer(Proposer):
         self._vocab_size: int | None = None  # asked for before bind()
         # guessed tokens fed to the first pass, and those drafted as guessed (propose); of
         # those, drafted where the draft alone was unsure (``agreement``)
-        self.stats.update({"guessed_tokens": 0, "guesses_kept": 0, "kept_by_agreement": 0})
+        self.stats.update({"guessed_tokens": 0, "guesses_kept": 0, "kept_by_agreement": 0,
+                           "guessed_again": 0})
         # where the draft is unsure of a token but drafts the guessed one, draft on through
         # the guess (set by a method that guesses: ngrammys-selfspec's key ``agreement``)
         self.agreement = False
@@ -186,13 +190,17 @@ class SelfSpecProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch,
-                guesses: Mapping[int, Sequence[int]] | None = None) -> Proposal:
+                guesses: Mapping[int, Sequence[int]] | None = None,
+                guess_again: GuessAgain | None = None) -> Proposal:
         """Draft autoregressively through the kept sub-layers until the draft-exit threshold
         or the length limit stops a row. ``guesses`` (batch row -> tokens, e.g. an n-gram
         match's continuation): the first pass feeds each row's newest token and its guess
         at once (``draft_chunk``) and keeps the guess up to the first token the draft
         itself would not have drafted; so the drafts are the ones this loop drafts without
-        guesses, in fewer passes where the guess is right (``_guessed_pass``)."""
+        guesses, in fewer passes where the guess is right (``_guessed_pass``).
+        ``guess_again`` (batch row, the row's drafts so far -> tokens): before every later
+        pass, a fresh guess for each row that drafts on; a pass where some row has one is
+        a guessed pass too (the same drafts again, in fewer passes where it holds)."""
         assert self.target is not None, "bind() was not called"
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         reqs = [r for r in batch.requests if r.max_len > 0]
@@ -216,11 +224,21 @@ class SelfSpecProposer(Proposer):
         active = torch.arange(len(reqs), device=dev)
         depth = torch.zeros(len(reqs), dtype=torch.long, device=dev)  # drafts per row so far
         if guesses and any(guesses.get(r.row) for r in reqs):
-            active = self._guessed_pass(reqs, guesses, rows, tokens, positions, max_len, depth,
-                                        sampling, drafts, probs)
+            active = self._guessed_pass(list(range(len(reqs))), reqs, guesses, rows, tokens,
+                                        positions, max_len, depth, sampling, drafts, probs)
         vocab, head = self.vocab, self.head
         d = 0
         while active.numel() > 0:
+            if guess_again is not None:
+                on = active.tolist()
+                again = {reqs[i].row: guess_again(reqs[i].row, drafts[reqs[i].row])
+                         for i in on}
+                if any(again.values()):
+                    self.stats["guessed_again"] += 1
+                    active = self._guessed_pass(on, reqs, again, rows, tokens, positions,
+                                                max_len, depth, sampling, drafts, probs)
+                    d += 1
+                    continue
             at = depth[active]
             # with a draft vocabulary, logits over it only [n, N]
             logits = self.target.draft_step(rows[active], tokens[active], positions[active] + at,
@@ -250,13 +268,15 @@ class SelfSpecProposer(Proposer):
         # one pass drafts a position for every row: priced per position (CostGate.drafted)
         return Proposal(drafts, probs, depth={"": max(map(len, drafts))})
 
-    def _guessed_pass(self, reqs: list[DraftRequest], guesses: Mapping[int, Sequence[int]],
-                      rows: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                      max_len: torch.Tensor, depth: torch.Tensor, sampling: tuple[Any, ...],
-                      drafts: list[list[int]], probs: torch.Tensor | None) -> torch.Tensor:
-        """The first draft pass with guesses: row i feeds its newest token and up to
-        ``max_len - 1`` guessed tokens in one chunk, and drafts at each fed position as a
-        draft step would (argmax, or a sample from that position's q). The row's drafts
+    def _guessed_pass(self, idx: list[int], reqs: list[DraftRequest],
+                      guesses: Mapping[int, Sequence[int]], rows: torch.Tensor,
+                      tokens: torch.Tensor, positions: torch.Tensor, max_len: torch.Tensor,
+                      depth: torch.Tensor, sampling: tuple[Any, ...], drafts: list[list[int]],
+                      probs: torch.Tensor | None) -> torch.Tensor:
+        """A draft pass with guesses for the rows ``idx`` (indices into ``reqs``): row i
+        feeds its newest token (the request's, or its last draft) and up to
+        ``max_len - depth - 1`` guessed tokens in one chunk, and drafts at each fed position
+        as a draft step would (argmax, or a sample from that position's q). The row's drafts
         run while the draft equals the guess (the next position's logits then hold for
         the draft too: they were computed after that token), up to and including the first
         draft that differs from it, falls under the threshold or reaches the limit. With
@@ -270,17 +290,22 @@ class SelfSpecProposer(Proposer):
         assert self.target is not None
         sampled, temperature, top_k, top_p = sampling
         dev = self.target.device
+        sel = torch.tensor(idx, dtype=torch.long, device=dev)
+        start_l, limit_l = depth[sel].tolist(), max_len[sel].tolist()
         fed, lens, guessed = [], [], []
-        for i, r in enumerate(reqs):
-            g = [int(t) for t in (guesses.get(r.row) or ())][: int(max_len[i]) - 1]
-            fed.append(r.token)
+        for i, tok, d0, limit in zip(idx, tokens[sel].tolist(), start_l, limit_l):
+            g = [int(t) for t in (guesses.get(reqs[i].row) or ())][: limit - d0 - 1]
+            fed.append(tok)
             fed.extend(g)
             lens.append(len(g) + 1)
             guessed.append(g)
         per_token = torch.tensor(lens, device=dev)
-        logits = self.target.draft_chunk(rows, torch.tensor(fed, device=dev), lens, positions,
-                                         self.mask, head=self.head)
-        expand = (lambda x: None if x is None else x.repeat_interleave(per_token))  # noqa: E731
+        logits = self.target.draft_chunk(rows[sel], torch.tensor(fed, device=dev), lens,
+                                         positions[sel] + depth[sel], self.mask, head=self.head)
+
+        def expand(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[sel].repeat_interleave(per_token)
+
         nxt, conf, q = choose_tokens(logits, expand(sampled), expand(temperature), expand(top_k),
                                      expand(top_p), self.generator)
         if self.vocab is not None:
@@ -291,17 +316,17 @@ class SelfSpecProposer(Proposer):
             nxt_l, sure_l = self.agree((nxt_l, sure_l))
         on, base = [], 0
         confirmed = agreed = 0
-        for i, r in enumerate(reqs):
-            g, limit = guessed[i], int(max_len[i])
+        for n, i in enumerate(idx):
+            row, g, d0, limit = reqs[i].row, guessed[n], start_l[n], limit_l[n]
             j = 0
-            while True:  # draft j comes from fed token j (the newest token, then the guess)
+            while True:  # draft d0 + j comes from fed token j (the newest, then the guess)
                 t = nxt_l[base + j]
-                drafts[r.row].append(t)
+                drafts[row].append(t)
                 if probs is not None and q is not None:
-                    probs[r.row, j] = q[base + j]
+                    probs[row, d0 + j] = q[base + j]
                 j += 1
                 agrees = j <= len(g) and t == g[j - 1]
-                if j >= limit:
+                if d0 + j >= limit:
                     break
                 if not sure_l[base + j - 1]:
                     if not (self.agreement and agrees):
@@ -310,10 +335,10 @@ class SelfSpecProposer(Proposer):
                 elif not agrees:
                     on.append(i)  # the draft left the guess: the loop drafts on from t
                     break
-            # the guessed tokens drafted: the drafts' leading run equal to the guess
-            confirmed += agreed_prefix(drafts[r.row], g)
-            tokens[i], depth[i] = t, j
-            base += lens[i]
+            # the guessed tokens drafted: the new drafts' leading run equal to the guess
+            confirmed += agreed_prefix(drafts[row][d0:], g)
+            tokens[i], depth[i] = t, d0 + j
+            base += lens[n]
         self.stats["guessed_tokens"] += sum(map(len, guessed))
         self.stats["guesses_kept"] += confirmed
         self.stats["kept_by_agreement"] += agreed

@@ -44,10 +44,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
-from .base import DraftBatch, Proposal, Verification, agreed_prefix
-from .draft_verify import SelfSpecOptions, SelfSpecProposer
+from .base import DraftBatch, DraftRequest, Proposal, Verification, agreed_prefix
+from .draft_verify import GuessAgain, SelfSpecOptions, SelfSpecProposer
 from .ngrammys import (
     DATASTORE_HELP,
     HISTORY_HELP,
@@ -86,6 +87,11 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         True, "where a match is the self-draft's guess and the self-draft is unsure of a "
         "token (top-1 under the draft-exit threshold) but drafts the guessed one, draft on "
         "through the guess instead of stopping (the match and the self-draft agree)", "bool")
+    guess_again: bool = option(
+        False, "where the self-draft leaves its guess (or had none) and drafts on, look the "
+        "n-gram sources up again with its drafts so far and feed their match with the next "
+        "pass as a fresh guess (the same drafts; more tokens a pass where the match holds)",
+        "bool")
 
 
 class NGrammysSelfSpecProposer(SelfSpecProposer):
@@ -157,8 +163,9 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         probs, timed, depth = None, None, None
         if rest:
             t0 = time.perf_counter()
+            again = self._guess_again(batch, rest) if self.cfg.guess_again else None
             own = super().propose(DraftBatch(batch.req_ids, rest, batch.token_ids,
-                                             batch.num_tokens), guesses)
+                                             batch.num_tokens), guesses, again)
             for r in rest:
                 drafts[r.row] = own.drafts[r.row]
                 if own.drafts[r.row]:
@@ -175,6 +182,21 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                         probs[r.row, i, t] = 1.0
         return Proposal(drafts, probs, evidence=evidence, timed=timed, depth=depth,
                         shadows=shadows or None)
+
+    def _guess_again(self, batch: DraftBatch, rest: list[DraftRequest]) -> GuessAgain:
+        """Key ``guess_again``: a row's fresh guess is the n-gram sources' first match for
+        its tokens followed by its drafts so far (looked up without a request id, so the
+        unverified drafts are not remembered as the request's tokens)."""
+        assert batch.token_ids is not None and batch.num_tokens is not None
+        tokens = {r.row: batch.token_ids[r.row, : int(batch.num_tokens[r.row])] for r in rest}
+
+        def again(row: int, drafted: list[int]) -> list[int]:
+            history = tokens[row]
+            extended = np.concatenate([history, np.asarray(drafted, dtype=history.dtype)])
+            rows, _ = self.ngrams.candidates(extended)
+            return rows[0] if rows else []
+
+        return again
 
     def _shadows(self, batch: DraftBatch) -> list[tuple[str, int, int]]:
         """Each match passed over at a request's last draft, verified as if it had been
