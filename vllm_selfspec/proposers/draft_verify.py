@@ -15,6 +15,7 @@ to vLLM's rejection sampler.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,6 +32,7 @@ from .base import (
 )
 from .draft_exit import DraftExitConfig, DraftExitController
 from .draft_vocab import DraftVocab
+from .guess_worth import GuessWorth
 from .options import (
     DraftSamplerOptions,
     draft_vocab_option,
@@ -113,10 +115,14 @@ class SelfSpecProposer(Proposer):
         # guessed tokens fed to the first pass, and those drafted as guessed (propose); of
         # those, drafted where the draft alone was unsure (``agreement``)
         self.stats.update({"guessed_tokens": 0, "guesses_kept": 0, "kept_by_agreement": 0,
-                           "guessed_again": 0})
+                           "guessed_again": 0, "guess_tokens_cut": 0})
         # where the draft is unsure of a token but drafts the guessed one, draft on through
         # the guess (set by a method that guesses: ngrammys-selfspec's key ``agreement``)
         self.agreement = False
+        # feed only the guessed positions that pay for their place in a pass (set by a
+        # method that guesses: ngrammys-selfspec's key ``guess_cut``)
+        self.guess_worth: GuessWorth | None = None
+        self._guessed: list[tuple[int, int, list[int]]] = []  # (row, depth, whole guess)
 
     def draft_exit_config(self) -> DraftExitConfig:
         """When drafting stops (D&V §3.4: the adaptive threshold)."""
@@ -223,6 +229,7 @@ class SelfSpecProposer(Proposer):
 
         active = torch.arange(len(reqs), device=dev)
         depth = torch.zeros(len(reqs), dtype=torch.long, device=dev)  # drafts per row so far
+        self._guessed = []
         if guesses and any(guesses.get(r.row) for r in reqs):
             active = self._guessed_pass(list(range(len(reqs))), reqs, guesses, rows, tokens,
                                         positions, max_len, depth, sampling, drafts, probs)
@@ -241,8 +248,11 @@ class SelfSpecProposer(Proposer):
                     continue
             at = depth[active]
             # with a draft vocabulary, logits over it only [n, N]
+            t0 = time.perf_counter()
             logits = self.target.draft_step(rows[active], tokens[active], positions[active] + at,
                                             self.mask, d, head=head, settled=self.mask_settled)
+            if self.guess_worth is not None:
+                self.guess_worth.observe_pass(int(active.numel()), time.perf_counter() - t0)
             # the threshold reads the draft-vocabulary softmax; q is scattered into the full
             # vocabulary (zero outside it: exactly what the draft was drawn from)
             nxt, conf, q = choose_tokens(
@@ -265,6 +275,9 @@ class SelfSpecProposer(Proposer):
             depth[active] += 1
             active = active[keep]
             d += 1
+        if self.guess_worth is not None:  # every guess in full against the final drafts
+            for row, d0, g in self._guessed:
+                self.guess_worth.observe_guess(len(g), agreed_prefix(drafts[row][d0:], g))
         # one pass drafts a position for every row: priced per position (CostGate.drafted)
         return Proposal(drafts, probs, depth={"": max(map(len, drafts))})
 
@@ -292,16 +305,28 @@ class SelfSpecProposer(Proposer):
         dev = self.target.device
         sel = torch.tensor(idx, dtype=torch.long, device=dev)
         start_l, limit_l = depth[sel].tolist(), max_len[sel].tolist()
+        whole = [[int(t) for t in (guesses.get(reqs[i].row) or ())][: limit - d0 - 1]
+                 for i, d0, limit in zip(idx, start_l, limit_l)]
+        keep = [len(g) for g in whole]
+        if self.guess_worth is not None:  # the positions that pay (key guess_cut)
+            keep = [self.guess_worth.length(n) for n in keep]
+            if self.agree is not None:  # TP: rank 0's cut (its timings) on every rank
+                keep = self.agree(keep)
+            self._guessed.extend((reqs[i].row, d0, g) for i, d0, g in zip(idx, start_l, whole)
+                                 if g)
+            self.stats["guess_tokens_cut"] += sum(map(len, whole)) - sum(keep)
         fed, lens, guessed = [], [], []
-        for i, tok, d0, limit in zip(idx, tokens[sel].tolist(), start_l, limit_l):
-            g = [int(t) for t in (guesses.get(reqs[i].row) or ())][: limit - d0 - 1]
+        for tok, g, m in zip(tokens[sel].tolist(), whole, keep):
             fed.append(tok)
-            fed.extend(g)
-            lens.append(len(g) + 1)
-            guessed.append(g)
+            fed.extend(g[:m])
+            lens.append(m + 1)
+            guessed.append(g[:m])
         per_token = torch.tensor(lens, device=dev)
+        t0 = time.perf_counter()
         logits = self.target.draft_chunk(rows[sel], torch.tensor(fed, device=dev), lens,
                                          positions[sel] + depth[sel], self.mask, head=self.head)
+        if self.guess_worth is not None:
+            self.guess_worth.observe_pass(len(fed), time.perf_counter() - t0)
 
         def expand(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x[sel].repeat_interleave(per_token)

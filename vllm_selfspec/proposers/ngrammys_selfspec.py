@@ -49,6 +49,7 @@ import torch
 
 from .base import DraftBatch, DraftRequest, Proposal, Verification, agreed_prefix
 from .draft_verify import GuessAgain, SelfSpecOptions, SelfSpecProposer
+from .guess_worth import GuessWorth
 from .ngrammys import (
     DATASTORE_HELP,
     HISTORY_HELP,
@@ -87,6 +88,11 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         True, "where a match is the self-draft's guess and the self-draft is unsure of a "
         "token (top-1 under the draft-exit threshold) but drafts the guessed one, draft on "
         "through the guess instead of stopping (the match and the self-draft agree)", "bool")
+    guess_cut: bool = option(
+        False, "feed only the leading guessed tokens that pay for their place in a draft "
+        "pass: a position is fed while the share of guesses that held there is at least "
+        "b / (a + b), a pass of n tokens taking a + b·n seconds (both measured as drafting "
+        "goes)", "bool")
     guess_again: bool = option(
         False, "where the self-draft leaves its guess (or had none) and drafts on, look the "
         "n-gram sources up again with its drafts so far and feed their match with the next "
@@ -114,6 +120,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         # passed over for the self-draft: scored against what the target produced next
         self.passed_over: dict[str, tuple[str, int, list[int]]] = {}
         self.agreement = c.agreement
+        self.guess_worth = GuessWorth(num_speculative_tokens) if c.guess_cut else None
         self.stats.update({"from_context": 0, "from_history": 0, "from_datastore": 0,
                            "from_selfspec": 0, "match_passed_over": 0,
                            "shadow_verifications": 0})
@@ -229,7 +236,8 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         self.ngrams.finish(req_ids)
 
     def report(self) -> dict[str, Any]:
-        return {**super().report(), **self.ngrams.report()}
+        worth = {} if self.guess_worth is None else self.guess_worth.report()
+        return {**super().report(), **self.ngrams.report(), **worth}
 
     def describe(self) -> str:
         return (f"ngrammys-selfspec: {self.ngrams.describe().split(':')[0]}, else "
