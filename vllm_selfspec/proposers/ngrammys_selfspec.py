@@ -83,18 +83,18 @@ class NGrammysSelfSpecOptions(SelfSpecOptions):
         "the same drafts in fewer passes; the match alone where the gate holds the self-draft "
         "back), \"gate\" (the cost gate picks between drafting the match and that "
         "self-draft) or \"gate-unguessed\" (the gate picks between the match and a "
-        "self-draft that does not see it)", "str", choices=MATCHES)
+        "self-draft that sees no match, nor any later one)", "str", choices=MATCHES)
     agreement: bool = option(
         True, "where a match is the self-draft's guess and the self-draft is unsure of a "
         "token (top-1 under the draft-exit threshold) but drafts the guessed one, draft on "
         "through the guess instead of stopping (the match and the self-draft agree)", "bool")
     guess_cut: bool = option(
-        False, "feed only the leading guessed tokens that pay for their place in a draft "
+        True, "feed only the leading guessed tokens that pay for their place in a draft "
         "pass: a position is fed while the share of guesses that held there is at least "
         "b / (a + b), a pass of n tokens taking a + b·n seconds (both measured as drafting "
         "goes)", "bool")
     guess_again: bool = option(
-        False, "where the self-draft leaves its guess (or had none) and drafts on, look the "
+        True, "where the self-draft leaves its guess (or had none) and drafts on, look the "
         "n-gram sources up again with its drafts so far and feed their match with the next "
         "pass as a fresh guess (the same drafts; more tokens a pass where the match holds)",
         "bool")
@@ -170,7 +170,8 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
         probs, timed, depth = None, None, None
         if rest:
             t0 = time.perf_counter()
-            again = self._guess_again(batch, rest) if self.cfg.guess_again else None
+            again = (self._guess_again(batch, rest)
+                     if self.cfg.guess_again and self.cfg.matches != UNGUESSED else None)
             own = super().propose(DraftBatch(batch.req_ids, rest, batch.token_ids,
                                              batch.num_tokens), guesses, again)
             for r in rest:
