@@ -223,5 +223,5 @@ def test_fresh_guesses_never_change_the_drafts():
         guessed, _ = make(k=k)
         guessed.target.low_conf_at = low
         got = guessed.propose(DraftBatch([r.req_id for r in reqs], reqs), first,
-                              lambda row, d: guess(d[-1] if d else tok[row])).drafts
+                              lambda row, d, tok=tok: guess(d[-1] if d else tok[row])).drafts
         assert got == _draft(plain, reqs), (k, low, reqs)

@@ -2,10 +2,9 @@
 
 import pytest
 
+from tests.unit.test_draft_verify import V, make
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.guess_worth import GuessWorth
-
-from tests.unit.test_draft_verify import V, make
 
 
 def test_the_pass_cost_fit_recovers_a_and_b():
@@ -84,5 +83,5 @@ def test_cut_guesses_never_change_the_drafts():
         w.kept[:] = [rng.random() * w.fed[0] for _ in range(k)]
         tok = {r.row: r.token for r in reqs}
         got = cut.propose(B([r.req_id for r in reqs], reqs), {r.row: guess(r.token) for r in reqs},
-                          lambda row, d: guess(d[-1] if d else tok[row])).drafts
+                          lambda row, d, tok=tok: guess(d[-1] if d else tok[row])).drafts
         assert got == plain.propose(B([r.req_id for r in reqs], reqs)).drafts
