@@ -20,7 +20,10 @@ A composition of two papers' drafters, not either one, so it has its own method 
   own; a guess that holds saves a draft pass per guessed token, and a match the
   self-draft would not have drafted is not verified at all. Where the self-draft is unsure
   of a token but drafts the guessed one (key ``agreement``), the two drafters agree and the
-  row drafts on through the guess from the same pass instead of stopping there.
+  row drafts on through the guess from the same pass instead of stopping there. Each
+  later pass gets a fresh guess: the sources looked up again with the row's drafts so far
+  (key ``guess_again``), and a guess is fed only as far as its positions have held often
+  enough to pay for their place in a pass (key ``guess_cut``, ``proposers.guess_worth``).
 
 A source the cost gate holds back for a request (its evidence class does not pay) falls
 through to the self-draft; where the gate holds the self-draft back, the match drafts
