@@ -198,6 +198,24 @@ def test_a_fresh_guess_after_the_draft_leaves_the_first_one():
     assert p.stats["guessed_again"] >= 1 and p.stats["guesses_kept"] == 3 + 3
 
 
+def random_case(rng):
+    """A random draft limit, unsure positions, requests and a guesser for property tests:
+    ``guess(last)`` proposes the fake model's own continuation of ``last``, often with
+    one token wrong."""
+    k = rng.randint(1, 8)
+    low = {rng.randint(0, 12) for _ in range(rng.randint(0, 2))}
+    reqs = [DraftRequest(i, f"r{i}", rng.randint(0, 5), rng.randrange(V), rng.randint(1, k))
+            for i in range(rng.randint(1, 3))]
+
+    def guess(last):
+        g = [(last + 1 + j) % V for j in range(rng.randint(0, 9))]
+        if g and rng.random() < 0.5:
+            g[rng.randrange(len(g))] = rng.randrange(V)
+        return g
+
+    return k, low, reqs, guess
+
+
 def test_fresh_guesses_never_change_the_drafts():
     """Random first and fresh guesses (often right), limits and unsure positions: the
     drafts are those of the loop without guesses."""
@@ -205,17 +223,7 @@ def test_fresh_guesses_never_change_the_drafts():
 
     rng = random.Random(1)
     for _ in range(200):
-        k = rng.randint(1, 8)
-        low = {rng.randint(0, 12) for _ in range(rng.randint(0, 2))}
-        reqs = [DraftRequest(i, f"r{i}", rng.randint(0, 5), rng.randrange(V), rng.randint(1, k))
-                for i in range(rng.randint(1, 3))]
-
-        def guess(last):
-            g = [(last + 1 + j) % V for j in range(rng.randint(0, 9))]
-            if g and rng.random() < 0.5:
-                g[rng.randrange(len(g))] = rng.randrange(V)
-            return g
-
+        k, low, reqs, guess = random_case(rng)
         first = {r.row: guess(r.token) for r in reqs}
         tok = {r.row: r.token for r in reqs}
         plain, _ = make(k=k)
@@ -223,5 +231,6 @@ def test_fresh_guesses_never_change_the_drafts():
         guessed, _ = make(k=k)
         guessed.target.low_conf_at = low
         got = guessed.propose(DraftBatch([r.req_id for r in reqs], reqs), first,
-                              lambda row, d, tok=tok: guess(d[-1] if d else tok[row])).drafts
+                              lambda row, d, tok=tok, guess=guess:
+                              guess(d[-1] if d else tok[row])).drafts
         assert got == _draft(plain, reqs), (k, low, reqs)

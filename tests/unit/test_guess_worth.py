@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.unit.test_draft_verify import V, make
+from tests.unit.test_draft_verify import make, random_case
 from vllm_selfspec.proposers.base import DraftBatch, DraftRequest
 from vllm_selfspec.proposers.guess_worth import GuessWorth
 
@@ -62,17 +62,7 @@ def test_cut_guesses_never_change_the_drafts():
 
     rng = random.Random(2)
     for _ in range(150):
-        k = rng.randint(1, 8)
-        low = {rng.randint(0, 12) for _ in range(rng.randint(0, 2))}
-        reqs = [DraftRequest(i, f"r{i}", rng.randint(0, 5), rng.randrange(V), rng.randint(1, k))
-                for i in range(rng.randint(1, 3))]
-
-        def guess(last):
-            g = [(last + 1 + j) % V for j in range(rng.randint(0, 9))]
-            if g and rng.random() < 0.5:
-                g[rng.randrange(len(g))] = rng.randrange(V)
-            return g
-
+        k, low, reqs, guess = random_case(rng)
         plain, _ = make(k=k)
         plain.target.low_conf_at = low
         cut, _ = make(k=k)

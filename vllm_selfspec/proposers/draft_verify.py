@@ -309,7 +309,7 @@ class SelfSpecProposer(Proposer):
                  for i, d0, limit in zip(idx, start_l, limit_l)]
         keep = [len(g) for g in whole]
         if self.guess_worth is not None:  # the positions that pay (key guess_cut)
-            keep = [self.guess_worth.length(n) for n in keep]
+            keep = self.guess_worth.lengths(keep)
             if self.agree is not None:  # TP: rank 0's cut (its timings) on every rank
                 keep = self.agree(keep)
             self._guessed.extend((reqs[i].row, d0, g) for i, d0, g in zip(idx, start_l, whole)

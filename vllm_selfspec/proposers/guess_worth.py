@@ -62,11 +62,13 @@ class GuessWorth:
     def length(self, wanted: int) -> int:
         """How many tokens of a guess of ``wanted`` to feed: the leading positions whose
         tokens held often enough."""
-        bar = self.break_even()
-        share = self.kept / self.fed
-        m = min(int(wanted), share.size)
-        below = np.flatnonzero(share[:m] < bar)
-        return int(below[0]) if below.size else m
+        return self.lengths([wanted])[0]
+
+    def lengths(self, wanted: list[int]) -> list[int]:
+        """``length`` for each guess of a pass, with the bar and shares computed once."""
+        below = np.flatnonzero(self.kept / self.fed < self.break_even())
+        cut = int(below[0]) if below.size else self.fed.size
+        return [min(int(n), cut) for n in wanted]
 
     def report(self) -> dict[str, object]:
         ab = self.cost()
