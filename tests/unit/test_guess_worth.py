@@ -73,5 +73,6 @@ def test_cut_guesses_never_change_the_drafts():
         w.kept[:] = [rng.random() * w.fed[0] for _ in range(k)]
         tok = {r.row: r.token for r in reqs}
         got = cut.propose(B([r.req_id for r in reqs], reqs), {r.row: guess(r.token) for r in reqs},
-                          lambda row, d, tok=tok: guess(d[-1] if d else tok[row])).drafts
+                          lambda row, d, tok=tok, guess=guess:
+                          guess(d[-1] if d else tok[row])).drafts
         assert got == plain.propose(B([r.req_id for r in reqs], reqs)).drafts
