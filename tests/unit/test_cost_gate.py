@@ -270,6 +270,44 @@ def test_learns_the_step_line_at_four_requests_in_flight():
     assert 2 <= sum(plan[300:]) / 300 <= 7
 
 
+def sixteen_in_flight(accept, warm=130, steps=200, seed=0):
+    """A bench run's shape at 16 in flight: a warm-up prompt at one request (memory-bound:
+    25 ms + 0.3 ms a token the step runs), then 16 requests (compute-bound: 20 ms + 1.9 ms
+    a token; SmolLM2-135M float32 on one core of an AMD EPYC). Returns (gate, drafts per
+    step at 16)."""
+    rng = random.Random(seed)
+    gate = CostGate(k=8)
+    now, verified, plan = 0.0, 0, []
+    for t in range(warm + steps):
+        n = 1 if t < warm else 16
+        gate.record(now, decode_only=True, verified=verified, requests=n)
+        for _ in range(n if verified else 0):
+            acc = 0
+            while acc < verified // n and rng.random() < accept[acc]:
+                acc += 1
+            gate.observe(verified // n, acc)
+        d = gate.plan(n)
+        plan.append(d)
+        gate.drafted(n * d, n * d * 25e-6)
+        x = n * (1 + d)
+        now += n * d * 25e-6 + (0.025 + 0.0003 * x if n == 1 else 0.020 + 0.0019 * x)
+        verified = n * d
+    return gate, plan[warm:]
+
+
+def test_a_step_larger_than_any_seen_is_priced_not_taken_for_a_stall():
+    """The line fitted at one request in flight prices a step of 16 requests with 8 drafts
+    at a quarter of its time; the stall rule (4x the line) left those steps out, so the gate
+    drafted 4-7 tokens a request on that price for ~70 steps, until its fit had forgotten
+    every sample. A step larger than any taken in is taken: the gate learns the 16-request
+    price from its first such step."""
+    gate, plan = sixteen_in_flight([0.6] * 8)  # at 16, drafting loses with this acceptance
+    assert sum(plan[:20]) <= 16, plan[:20]  # one step at the old price, then probes (was ~120)
+    assert abs(gate.c_verify - 0.0019) < 0.0002
+    gate, plan = sixteen_in_flight([0.9] * 8)  # ... and pays with this one
+    assert 2 <= sum(plan[100:]) / 100 <= 6
+
+
 def test_a_stalled_step_is_left_out_and_a_lasting_slowdown_taken_up():
     gate = CostGate(k=4)
     simulate(gate, 100, draft_cost=1.0, accept=0.05)  # plain steps of 50 ms

@@ -341,6 +341,7 @@ class CostGate:
         self.steps = 0
         self.last_time: float | None = None
         self.last_draft_seconds = 0.0
+        self.largest_step = 0  # most tokens of a step taken into the fit
         self.batch = 1  # requests drafting at the last plan()
         self.last_plain = 0  # step of the last timed plain step
         self.plain_probes = 0
@@ -387,12 +388,18 @@ class CostGate:
             dt = max(0.0, now - self.last_time - self.last_draft_seconds)
             # a step 4x slower than the line says was stalled (a pause, a busy machine),
             # not priced: one such sample would move a least-squares line far. The fit
-            # still forgets, so a lasting slowdown is taken up after ~70 such steps
-            if self.fit.weight >= self.cfg.warmup_steps and dt > 4 * self.fit.seconds(x, drafted):
+            # still forgets, so a lasting slowdown is taken up after ~70 such steps. A step
+            # larger than any taken in is always taken: there the line extrapolates (fitted
+            # at one request in flight, where a token is cheap, it called the first steps
+            # at 16 in flight stalls and drafted on a wrong price until the fit had
+            # forgotten its samples)
+            if (self.fit.weight >= self.cfg.warmup_steps and x <= self.largest_step
+                    and dt > 4 * self.fit.seconds(x, drafted)):
                 self.fit.decay()
             else:
                 self.fit.add(x, dt, drafted)
                 self.table.add(x, dt, drafted, self.steps)
+                self.largest_step = max(self.largest_step, x)
                 if not drafted:
                     self.last_plain = self.steps
         self.last_time = now
