@@ -227,30 +227,38 @@ def test_every_request_in_flight_pays_the_verify_cost():
     assert gate.plan(1) == one[0]
 
 
-def four_in_flight(accept, steps=600, seed=0):
-    """Steps as measured on SmolLM2-135M, 2 cores, MT-bench, 4 requests in flight: 28 ms
-    + 2.9 ms per token the step runs (plain: 40 ms), after 6 warm-up steps with one
-    request at 43 ms. Returns (gate, tokens per second, drafts per step)."""
+def in_flight(accept, n, warm, warm_step, step, steps, seed=0):
+    """``steps`` engine steps on a fake clock: the first ``warm`` with one request, whose
+    step costs ``warm_step(x)`` seconds for x tokens, then n requests at ``step(x)``; each
+    draft position accepted with ``accept[i]`` while the ones before it were. Returns
+    (gate, tokens per second, drafts per step)."""
     rng = random.Random(seed)
     gate = CostGate(k=8)
     now, tokens, verified, plan = 0.0, 0, 0, []
     for t in range(steps):
-        n = 1 if t < 6 else 4
-        gate.record(now, decode_only=True, verified=verified, requests=n)
+        m = 1 if t < warm else n
+        gate.record(now, decode_only=True, verified=verified, requests=m)
         if verified:
-            for _ in range(n):
+            for _ in range(m):
                 acc = 0
-                while acc < verified // n and rng.random() < accept[acc]:
+                while acc < verified // m and rng.random() < accept[acc]:
                     acc += 1
-                gate.observe(verified // n, acc)
+                gate.observe(verified // m, acc)
                 tokens += acc
-        d = gate.plan(n)
+        d = gate.plan(m)
         plan.append(d)
-        gate.drafted(n * d, n * d * 25e-6)
-        now += n * d * 25e-6 + (0.043 if n == 1 else 0.028 + 0.0029 * n * (1 + d))
-        tokens += n
-        verified = n * d
+        gate.drafted(m * d, m * d * 25e-6)
+        now += m * d * 25e-6 + (warm_step if t < warm else step)(m * (1 + d))
+        tokens += m
+        verified = m * d
     return gate, tokens / now, plan
+
+
+def four_in_flight(accept, steps=600, seed=0):
+    """Steps as measured on SmolLM2-135M, 2 cores, MT-bench, 4 requests in flight: 28 ms
+    + 2.9 ms per token the step runs (plain: 40 ms), after 6 warm-up steps with one
+    request at 43 ms. Returns (gate, tokens per second, drafts per step)."""
+    return in_flight(accept, 4, 6, lambda x: 0.043, lambda x: 0.028 + 0.0029 * x, steps, seed)
 
 
 def test_learns_the_step_line_at_four_requests_in_flight():
@@ -275,23 +283,8 @@ def sixteen_in_flight(accept, warm=130, steps=200, seed=0):
     25 ms + 0.3 ms a token the step runs), then 16 requests (compute-bound: 20 ms + 1.9 ms
     a token; SmolLM2-135M float32 on one core of an AMD EPYC). Returns (gate, drafts per
     step at 16)."""
-    rng = random.Random(seed)
-    gate = CostGate(k=8)
-    now, verified, plan = 0.0, 0, []
-    for t in range(warm + steps):
-        n = 1 if t < warm else 16
-        gate.record(now, decode_only=True, verified=verified, requests=n)
-        for _ in range(n if verified else 0):
-            acc = 0
-            while acc < verified // n and rng.random() < accept[acc]:
-                acc += 1
-            gate.observe(verified // n, acc)
-        d = gate.plan(n)
-        plan.append(d)
-        gate.drafted(n * d, n * d * 25e-6)
-        x = n * (1 + d)
-        now += n * d * 25e-6 + (0.025 + 0.0003 * x if n == 1 else 0.020 + 0.0019 * x)
-        verified = n * d
+    gate, _, plan = in_flight(accept, 16, warm, lambda x: 0.025 + 0.0003 * x,
+                              lambda x: 0.020 + 0.0019 * x, warm + steps, seed)
     return gate, plan[warm:]
 
 
