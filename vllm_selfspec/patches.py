@@ -24,8 +24,8 @@ P6  GPUModelRunner._prepare_inputs (vLLM 0.32 only, our drafter's engines, model
     decoding (no spec-decode metadata), so it samples with vLLM's plain sampler. vLLM
     takes the speculative path on every step of an engine with a speculative config
     (gpu_model_runner.py:2184 ``use_spec_decode = self.speculative_config is not None``)
-    and runs the rejection sampler with zero drafts: ~0.7 ms a step on 2 cores, 2% of a
-    decode step, on every step the cost gate keeps plain.
+    and runs the rejection sampler with zero drafts on every step the cost gate keeps
+    plain (its cost: docs/results.md, "What a step costs by its tokens").
 P7  vllm.triton_utils.dispatcher._rebind_kernels (vLLM 0.32 on CPU): the CPU worker's
     kernel-override scan reads ``vars(value).get("kernel")`` for every module attribute
     (dispatcher.py:139); llvmlite's ``ffi.lib`` (imported with numba by vLLM's ``ngram``

@@ -12,7 +12,7 @@ Each step the glue hands over the mature states the target just computed
 positions). They wait, copied, until a draft is due (or ``PENDING_ROWS`` pile up)
 and are then taken in with every green state they lack in one batched pass:
 most steps of a gated-off engine draft nothing, and a per-step pass over one
-state cost ~2 ms (5% of an in-process step) in small-op overhead. A request
+state costs mostly small-op overhead. A request
 whose states restart below what the store holds (it was preempted and is
 recomputed) starts a fresh store. Positions whose states were
 never computed (a prefix-cache hit skips the prompt's cached part) are left out:
@@ -105,7 +105,7 @@ class ContextStore:
 
 def single_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One query [heads, d] over keys/values [n, kv_heads, d] (grouped-query): [heads * d].
-    Two small matmuls; ``scaled_dot_product_attention`` takes ~10 ms for this shape on
+    Two small matmuls; ``scaled_dot_product_attention`` is far slower for this shape on
     CPU (strided keys, grouped heads)."""
     heads, d = q.shape
     kvh = k.shape[1]

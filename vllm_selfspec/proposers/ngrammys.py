@@ -224,8 +224,7 @@ class NGrammysOptions(CommonOptions):
     num_rows: int = option(10, "candidate rows per step (context matches first, then bigram "
                            "rows)", "int", 1, 64, symbol="k")
     # 8: as wide as the default chain, as in the paper (§3, rows of w); the cost gate cuts
-    # each class to the length that pays (bigram rows: 4-5 on this machine, where steps of
-    # 3-6 tokens cost less than plain ones; MT-bench 1.87x against 1.74x with width 2)
+    # each class to the length that pays (width 2 measured against it: docs/paper-checks.md)
     bigram_width: int = option(8, "width of the extended-bigram rows (at most "
                                "num_speculative_tokens, the width of context rows)", "int", 1,
                                128)
@@ -239,9 +238,9 @@ class NGrammysOptions(CommonOptions):
                              "target's next tokens match its prefix", "bool")
     history_tokens: int = option(0, HISTORY_HELP, "int", 0, None)
     datastore: str = option(NO_DATASTORE, DATASTORE_HELP, "str")
-    # cost_gate stays on (CommonOptions): at one request in flight it drafts every step
-    # (2.07x / 1.54x with it, 2.04x / 1.52x without, one bench run each), at 4 in flight
-    # it cuts chains that do not pay (HumanEval 1.08x -> 1.28x; docs/results.md)
+    # cost_gate stays on (CommonOptions): at one request in flight it drafts nearly every
+    # step, with several in flight it cuts chains that do not pay (docs/paper-checks.md,
+    # docs/results.md)
 
 
 class NGrammysProposer(DraftsFromPastRequests, Proposer):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 SEPARATOR = -1  # between requests: never matches a token id
-# 1 MiB of int32 tokens: a scan of it costs about 0.1 ms a request a step here; the default
+# 1 MiB of int32 tokens, a small part of a step to scan (docs/results.md); the default
 # of ``history_tokens`` in ``ngrammys-history`` and ``ngrammys-chimera``
 DEFAULT_HISTORY_TOKENS = 262_144
 
