@@ -5,12 +5,11 @@ live in this process (an idle engine costs no CPU) and warm up. Then every round
 (one prompt, or a batch at --concurrency > 1) goes to every engine, and the engines
 take turns ENGINE STEP BY ENGINE STEP (``--interleave steps``, the default ``auto``; the
 order rotates every turn), each timed by its own clock that runs only while it steps: the
-machine's swings, which last seconds, hit every method alike. On this 2-core machine
-identical baseline engines taking turns prompt by prompt (``--interleave prompts``,
-each engine in its own processes, the older bench mode) differed by up to 7.5% over 8
-prompts; step by step by 0.6-3.0%, the later-started engines faster, so in ``steps`` mode
-the baseline is timed twice, by the engine started first and a twin started last, and
-its time is their mean. In ``steps`` mode the engines run in this process
+machine's swings, which last seconds, hit every method alike. Identical baseline engines
+differ far less step by step than prompt by prompt (``--interleave prompts``, each engine
+in its own processes, the older bench mode), the later-started engines a little faster
+(docs/results.md, "How"), so in ``steps`` mode the baseline is timed twice, by the engine
+started first and a twin started last, and its time is their mean. In ``steps`` mode the engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one engine step is one ``LLMEngine.step()``),
 and the drafters' measurements across steps read the engine's clock
 (``vllm_selfspec.control.set_clock``). Reported per method: generated tokens, seconds,
@@ -366,9 +365,9 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
     from vllm_selfspec.offline.spec_metrics import Acceptance, acceptance, engine_args
 
     stepped = interleave == "steps"
-    # In this process an engine started later steps faster: identical baseline engines
-    # started 2nd-4th ran 0.6-3.0% faster than the first, in two runs, and a baseline started
-    # last made the method started first look 2-7% slower per prompt. So
+    # In this process an engine started later steps a little faster (identical baseline
+    # engines, docs/results.md "How"), and a baseline started last made the method started
+    # first look slower per prompt. So
     # the baseline is timed twice, by an engine started first and a twin started last, and
     # its time is their mean (``merge_twin``): a start-order effect linear in the position
     # cancels, and the twins' spread shows how large it was in this run.

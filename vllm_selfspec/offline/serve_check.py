@@ -851,7 +851,7 @@ def load_prompt_texts(model_path: str, s: Settings) -> list[str]:
 
     from vllm_selfspec.builders.datasets import load_prompts
 
-    limit = min(s.max_prompt_tokens, s.max_model_len - 2 * s.max_tokens - 16)  # aborts: 2x
+    limit = min(s.max_prompt_tokens, s.max_model_len - 2 * s.max_tokens - 16)  # aborts: twice
     tok = AutoTokenizer.from_pretrained(model_path)
     ps = load_prompts(s.dataset, tok, "test", s.num_prompts, max_prompt_tokens=limit)
     if len(ps) < s.num_prompts:

@@ -47,7 +47,7 @@ everything, a frozen-base typo):
 * Inference keeps, per request, the encoder's keys and values of every mature and
   green state (a single block: an entry depends only on its own input and
   position, so the store is exact); the paper's LRU trigram cache is not used
-  (the trigram MLP costs ~2% of a decode step here).
+  (the trigram MLP is a small part of a decode step).
 """
 
 from __future__ import annotations

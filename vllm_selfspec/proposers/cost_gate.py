@@ -1,10 +1,10 @@
 """Cost gate: draft only as much as drafting pays for itself on this machine.
 
 None of the papers needs this: on their GPUs a draft token costs a small fraction of a
-decode step. On 2 CPU cores a layer-skip draft token costs 0.2-1.25 decode steps
-while verifying one more token costs ~0.03, so a drafter whose acceptance is too low
-makes decoding slower than plain decoding. The gate notices and steps back, at a cost
-of about 1% of the time when it cannot win.
+decode step. On a CPU a layer-skip draft token can cost a large part of a decode step
+or more, while verifying one more token costs little, so a drafter whose acceptance is
+too low makes decoding slower than plain decoding. The gate notices and steps back, at a
+small cost when it cannot win (docs/keys.md, "The cost gate").
 
 It predicts instead of timing whole windows of drafted steps. Per engine step it
 learns, from the steps themselves:
@@ -384,7 +384,7 @@ class CostGate:
         if self.last_time is not None and decode_only:
             x, drafted = max(1, requests) + verified, verified > 0
             dt = max(0.0, now - self.last_time - self.last_draft_seconds)
-            # a step 4x slower than the line says was stalled (a pause, a busy machine),
+            # a step four times slower than the line says was stalled (a pause, a busy machine),
             # not priced: one such sample would move a least-squares line far. The fit
             # still forgets, so a lasting slowdown is taken up after ~70 such steps. A step
             # larger than any taken in is always taken: there the line extrapolates (fitted

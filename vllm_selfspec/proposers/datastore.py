@@ -32,10 +32,8 @@ FORMAT = "vllm_selfspec.datastore.v1"
 PAD = -2  # before the corpus: never matches a token id
 BUILD_REMEDY = ("Pass datastore \"sharegpt\" (built for this model at start-up), a file from "
                 "tools/build_datastore.py --model MODEL, or \"none\".")
-# At most this many corpus tokens: every ShareGPT first answer (3.04M tokens in SmolLM2's
-# tokens; 12 MB of tokens, 36 MB of index). Replayed next to earlier requests: +11% tokens
-# per target call on MT-bench, +6.5% on HumanEval (2M tokens: +10%, +5%; docs/results.md,
-# "A datastore")
+# At most this many corpus tokens: every ShareGPT first answer in SmolLM2's tokens (what
+# the replay gained from it and from 2M tokens: docs/results.md, "The datastore, replayed")
 DEFAULT_DATASTORE_TOKENS = 4_000_000
 MAX_CANDIDATES = 512  # positions the continuation vote reads at most (evenly spread)
 MAX_WIDTH = 64  # separators after the corpus, so a continuation read never runs off

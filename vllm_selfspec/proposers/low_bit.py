@@ -16,8 +16,8 @@ Formats (key ``draft_weights``):
   kernel. Two kernels: vLLM's CPU kernel for W8A8 checkpoints (kernel ``w8a8``: VNNI-packed
   weights, bfloat16 activations quantized per token; ``torch.ops._C.
   int8_scaled_mm_with_quant``, vllm/model_executor/kernels/linear/scaled_mm/cpu.py; vLLM
-  builds it for AVX-512 only), 2-3x faster than ``_weight_int8pack_mm`` for one token
-  there; and torch's FBGEMM dynamic quantized linear (kernel ``w8a8-fbgemm``: float32
+  builds it for AVX-512 only), much faster than ``_weight_int8pack_mm`` for one token
+  there (docs/results.md, the kernel table); and torch's FBGEMM dynamic quantized linear (kernel ``w8a8-fbgemm``: float32
   activations quantized per call to 7-bit unsigned ints, ``torch.ops.quantized.
   linear_dynamic``, the kernel of torch's dynamic quantization; AVX2 and AVX-512), which
   also runs on AVX2-only processors, where bfloat16 activations are emulated and
@@ -417,7 +417,7 @@ def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
     all of ``forms`` (their copies) hold, conversions to and from its activation dtype
     included. Each is timed over every layer of the shape in
     turn, as the draft walk reads them: once per token, from memory rather than cache (one
-    weight timed in a loop stays in cache and reads 2-3x faster than in the walk). The
+    weight timed in a loop stays in cache and reads much faster than in the walk). The
     kernels take turns, ``rounds`` rounds in a rotating order, and each keeps its median
     round, so a swing of the machine (the other core busy) hits every kernel alike, as
     the bench's engines take turns (offline/bench.py)."""

@@ -18,10 +18,9 @@ drafted, are:
 
 It is ``ngrammys`` with ``history_tokens`` and ``datastore`` on: the same proposer, keys
 and evidence classes (the cost gate prices "history" and "datastore" drafts apart).
-Earlier answers add 11–14% tokens per target call on HumanEval, where code shares idioms
-across requests, and 1–2% on MT-bench (docs/results.md, "Drafts from earlier requests");
-the datastore adds 10% on MT-bench and 5-7% on HumanEval next to them (replayed,
-docs/results.md, "A datastore").
+Earlier answers add most on HumanEval, where code shares idioms across requests, and
+little on MT-bench (docs/paper-checks.md, earlier requests); the datastore adds more on
+MT-bench than on HumanEval next to them (docs/results.md, "The datastore, replayed").
 """
 
 from __future__ import annotations
