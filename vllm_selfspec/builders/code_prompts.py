@@ -23,7 +23,7 @@ from typing import Any, Iterator
 Row = dict[str, Any]
 
 SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages",
-             "__pycache__", "turtledemo", "ensurepip", "config-3.11-x86_64-linux-gnu"}
+             "__pycache__", "turtledemo", "ensurepip"}
 MIN_SUMMARY_WORDS = 5
 MAX_SUMMARY_CHARS = 400
 MAX_SOURCE_CHARS = 1200  # a shown function stays well inside the corpus's 512-token prompts
@@ -75,7 +75,9 @@ def iter_functions(root: Path) -> Iterator[Row]:
     """The rows of the ``.py`` files under ``root``, files in sorted order."""
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("_"):
+        folders = rel.parts[:-1]
+        if (SKIP_DIRS & set(folders) or any(f.startswith("config-") for f in folders)
+                or rel.name.startswith("_")):
             continue
         try:
             text = path.read_text(encoding="utf-8")
