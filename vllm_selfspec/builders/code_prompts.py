@@ -6,7 +6,8 @@ code (MT-bench's coding category, in this project's own words) or shown and aske
 A row is one function: its module, name, signature, the first paragraph of its docstring
 and its source. Rows come from the library's own files (``ast``, nothing imported), in a
 fixed order, so a Python version gives the same rows on every machine; the corpus stamp
-names the version. Test folders and modules that only run on other platforms are skipped.
+names the version. Test folders, the IDLE and 2to3 packages, the interpreter's build folder
+and private modules are skipped.
 """
 
 from __future__ import annotations

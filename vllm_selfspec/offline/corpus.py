@@ -83,10 +83,10 @@ def prompt_sets(spec: str) -> list[str]:
 def describe_prompts(spec: str) -> str:
     """The stamp's words for a corpus's prompts."""
     from vllm_selfspec.builders.code_prompts import source_name
-    from vllm_selfspec.builders.task_prompts import SOURCES, STDLIB
+    from vllm_selfspec.builders.task_prompts import from_stdlib
 
     names = prompt_sets(spec)
-    code = [n for n in names if n != SHAREGPT and SOURCES[n][0] == STDLIB]
+    code = [n for n in names if from_stdlib(n)]
     tasks = [n for n in names if n != SHAREGPT and n not in code]
     parts = ([PROMPT_SOURCE] if SHAREGPT in names else []) + (
         [TASK_SOURCE.format(names=", ".join(tasks))] if tasks else []) + (
