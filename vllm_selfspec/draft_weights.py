@@ -22,22 +22,18 @@ bfloat16 activations (``walk_dtype``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
 from vllm_selfspec.adapters import linear_bias, module_linear
-from vllm_selfspec.log import logger
-from vllm_selfspec.proposers.artifacts import cache_dir
 from vllm_selfspec.proposers.low_bit import (
     ACT_DTYPE,
     KernelTable,
     LowBitLinear,
     allowed_kernels,
     low_bit_forms,
-    machine_key,
     measure_shape,
     shape_key,
 )
@@ -79,11 +75,6 @@ class _LowBitMethod:
         return self.lin(x, bias)
 
 
-def kernel_table_path(key: str) -> Any:
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    return cache_dir() / "kernels" / f"{digest}.json"
-
-
 class LowBitDraft:
     """The draft walk's linear layers and LM head in the formats the kernel table chose."""
 
@@ -102,12 +93,7 @@ class LowBitDraft:
                 f"draft_weights={draft_weights}: no unquantized linear layer was loaded (the "
                 "model's weights are quantized already, or the drafter was set up after "
                 "loading); use draft_weights \"full\"")
-        key = machine_key(self.device, self.dtype)
-        path = kernel_table_path(key)
-        try:
-            table = KernelTable.load(path) if path.exists() else KernelTable(key)
-        except (ValueError, KeyError, OSError):
-            table = KernelTable(key)
+        table = KernelTable.cached(self.device, self.dtype)
         measured = False
         by_shape: dict[tuple[int, int], list[tuple[Any, dict[str, LowBitLinear]]]] = {}
         for m, forms in linears:
@@ -131,11 +117,7 @@ class LowBitDraft:
                 self.device)
             measured = True
         if measured:
-            try:
-                table.save(path)
-            except OSError as e:
-                logger.warning("vllm_selfspec: could not cache the kernel table at %s (%s)",
-                               path, e)
+            table.save_cached()
         self.table = table
         self.allowed = allowed
         self.swaps: list[tuple[Any, _LowBitMethod]] = []

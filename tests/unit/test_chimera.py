@@ -20,6 +20,7 @@ from vllm_selfspec.proposers.chimera import (
 )
 from vllm_selfspec.proposers.chimera_drafting import ChimeraProposer
 from vllm_selfspec.proposers.draft_vocab import DraftVocab
+from vllm_selfspec.proposers.low_bit import KernelTable, quantize_int8, shape_key
 from vllm_selfspec.proposers.resolved import Artifacts
 
 V, H = 97, 32
@@ -50,6 +51,9 @@ class FakeTarget:
 
 
 def proposer(model: ChimeraDraftModel, k: int = 3, **opts) -> ChimeraProposer:
+    """The drafter over ``model``'s float weights unless ``draft_weights`` says otherwise
+    (the tests that compare drafting with training need the same weights)."""
+    opts.setdefault("draft_weights", "full")
     p = ChimeraProposer(k, opts, Artifacts(checkpoint=model))
     p.bind(FakeTarget())
     return p
@@ -255,7 +259,8 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     from vllm_selfspec.proposers.ngrammys_chimera import NGrammysChimeraProposer
 
     m = tiny()
-    p = NGrammysChimeraProposer(6, {"query_length": 2, "min_query_length": 2},
+    p = NGrammysChimeraProposer(6, {"query_length": 2, "min_query_length": 2,
+                                    "draft_weights": "full"},
                                 Artifacts(checkpoint=m))
     p.bind(FakeTarget())
     hidden = torch.randn(40, H)
@@ -287,3 +292,48 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     assert all(float(out.probs[0, i, t]) == 1.0 for i, t in enumerate(out.drafts[0]))
     assert all(float(out.probs[0, i].sum()) == 1.0 for i in range(len(out.drafts[0])))
     assert 0.0 < float(out.probs[1, 0].max()) < 1.0 + 1e-6
+
+
+def test_low_bit_copies_take_over_the_draft_models_multiplies():
+    """``use_low_bit``: every linear layer and the LM-head rows run through the copies
+    given (close to the float weights, not equal to them); training's weights stay."""
+    full, low = tiny(), tiny()
+    target = FakeTarget()
+    for m in (full, low):
+        m.bind_target(target.embed_weight, target.lm_head_weight)
+    weights = low.linear_weights()
+    assert "lm_rows" in weights and "block.down_proj" in weights and "heads.2" in weights
+    low.use_low_bit({name: quantize_int8(w) for name, w in weights.items()})
+    torch.manual_seed(3)
+    h, z = torch.randn(5, H), torch.randn(5, H)
+    tri = torch.randint(0, V, (5, 3))
+    for i in range(3):
+        a, b = full.head_logits(i, h, z), low.head_logits(i, h, z)
+        assert not torch.equal(a, b)
+        assert float((a - b).norm() / a.norm()) < 0.05
+    a, b = full.green(tri), low.green(tri)
+    assert not torch.equal(a, b) and float((a - b).norm() / a.norm()) < 0.05
+    for name, w in low.linear_weights().items():  # the float weights are untouched
+        assert torch.equal(w, full.linear_weights()[name])
+
+
+def test_draft_weights_key_picks_kernels_from_the_kernel_table(tmp_path, monkeypatch):
+    """Key ``draft_weights``: each of the draft model's shapes takes the kernel the cached
+    kernel table chose (here int8 for all, seeded as measured faster); "full" takes none."""
+    monkeypatch.setenv("VLLM_SELFSPEC_CACHE", str(tmp_path))
+    m = tiny()
+    table = KernelTable.cached(torch.device("cpu"), torch.float32)
+    target = FakeTarget()
+    m.bind_target(target.embed_weight, target.lm_head_weight)
+    for w in m.linear_weights().values():
+        table.times[shape_key(*w.shape)] = {"full": 100.0, "int8": 10.0}
+    table.save_cached()
+    low = proposer(tiny(), k=3, draft_weights="int8")
+    assert set(low.low_bit_formats) == set(m.linear_weights())
+    assert set(low.low_bit_formats.values()) == {"int8"}
+    assert "draft weights int8" in low.describe()
+    assert proposer(tiny(), k=3).low_bit_formats == {}
+    toks = torch.randint(0, V, (12,)).tolist()
+    hidden = torch.randn(20, H)
+    drafts = low.propose(batch_for(toks, hidden, 0, 11)).drafts[0]
+    assert len(drafts) == 3 and all(0 <= t < V for t in drafts)

@@ -12,11 +12,13 @@ from vllm_selfspec.proposers.low_bit import (
     KernelTable,
     allowed_formats,
     allowed_kernels,
+    choose_forms,
     kernels_available,
     low_bit_forms,
     measure_shape,
     quantize,
     quantize_int8,
+    shape_key,
     smoothing_factors,
 )
 
@@ -150,7 +152,8 @@ def test_measure_shape_times_every_form():
     assert set(out) == {"full"}
 
 
-@pytest.mark.parametrize("method", ["selfspec", "swift", "layerskip"])
+@pytest.mark.parametrize("method", ["selfspec", "swift", "layerskip", "chimera",
+                                    "ngrammys-chimera"])
 def test_key_is_validated(method):
     _, _, opts = methods.split_config({"method": method, "draft_weights": "int8"})
     assert opts["draft_weights"] == "int8"
@@ -161,6 +164,22 @@ def test_key_is_validated(method):
 def test_key_is_refused_where_nothing_drafts_through_layers():
     with pytest.raises(methods.SelfSpecConfigError, match="unknown key 'draft_weights'"):
         methods.split_config({"method": "ngrammys", "draft_weights": "int8"})
+
+
+def test_choose_forms_takes_the_cached_choice_and_times_new_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_SELFSPEC_CACHE", str(tmp_path))
+    table = KernelTable.cached(CPU, torch.float32)
+    table.times[shape_key(96, 64)] = {"full": 100.0, "int8": 20.0}
+    table.times[shape_key(32, 64)] = {"full": 10.0, "int8": 50.0}
+    table.save_cached()
+    a, b, c = _weight(96, 64), _weight(32, 64, seed=1), _weight(48, 64, seed=2)
+    out = choose_forms({"a": a, "b": b}, "int8", torch.float32)
+    assert set(out) == {"a"} and out["a"].fmt == "int8"  # b: the table's full is faster
+    assert choose_forms({"a": a}, "full", torch.float32) == {}
+    choose_forms({"c": c}, "int8", torch.float32)  # a shape never timed: timed and cached
+    again = KernelTable.cached(CPU, torch.float32)
+    assert set(again.times[shape_key(48, 64)]) == {"full", "int8"}
+    assert again.times[shape_key(96, 64)] == {"full": 100.0, "int8": 20.0}
 
 
 def _outlier_input(rows=8, k=64, seed=3):

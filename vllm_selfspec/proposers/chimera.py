@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ from torch import nn
 
 from .artifacts import ModelStamp, open_stamped, save_stamped
 from .draft_vocab import DraftVocab
+from .low_bit import LowBitLinear
 
 HEAD_KINDS = ("shared", "paper")
 CHECKPOINT_FORMAT = "vllm_selfspec.chimera/1"
@@ -253,6 +254,8 @@ class ChimeraDraftModel(nn.Module):
                     head.weight.copy_(torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1))
         self.embed_weight: torch.Tensor | None = None  # [V, H] (the target's, shared)
         self.lm_rows: torch.Tensor | None = None  # [N, H] LM-head rows of the draft vocabulary
+        # x -> x @ lm_rows.T through a low-bit copy of the rows (``use_low_bit``)
+        self.lm_rows_fn: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     # ---- set-up -------------------------------------------------------------------------
     @property
@@ -279,6 +282,27 @@ class ChimeraDraftModel(nn.Module):
             for head in self.heads:
                 head.weight.copy_(torch.cat([w, w], dim=1).to(head.weight.dtype))
 
+    def linear_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight a draft token multiplies by: the linear layers' (by module name)
+        and the draft vocabulary's LM-head rows (``lm_rows``, after ``bind_target``)."""
+        out = {name: mod.weight for name, mod in self.named_modules()
+               if isinstance(mod, nn.Linear)}
+        if self.lm_rows is not None:
+            out["lm_rows"] = self.lm_rows
+        return out
+
+    def use_low_bit(self, forms: Mapping[str, LowBitLinear]) -> None:
+        """Run the weights named in ``forms`` (``linear_weights`` names) through those
+        low-bit copies from now on, for inputs of two dimensions [n, K] (the drafter's; the
+        training and teacher-forced passes keep the float weights)."""
+        dtype = self.norm.weight.dtype
+        for name, lin in forms.items():
+            if name == "lm_rows":
+                self.lm_rows_fn = lin.bound(None, dtype)
+            else:
+                mod = self.get_submodule(name)
+                mod.forward = lin.bound(mod.bias, dtype)  # type: ignore[method-assign]
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -293,6 +317,8 @@ class ChimeraDraftModel(nn.Module):
         """Head i over [h_{n-1}; z]: logits over the draft vocabulary [..., N]."""
         x = self.heads[i](torch.cat([h_last.to(z.dtype), z], dim=-1))
         if self.cfg.head_kind == "shared":
+            if self.lm_rows_fn is not None:
+                return self.lm_rows_fn(x)
             assert self.lm_rows is not None, "bind_target() was not called"
             return x @ self.lm_rows.T
         return x

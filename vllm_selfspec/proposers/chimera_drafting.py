@@ -40,6 +40,7 @@ import torch
 
 from .base import DraftBatch, Proposal, Proposer, TargetStates
 from .chimera import ChimeraDraftModel, trigram_ids
+from .low_bit import DRAFT_WEIGHTS, choose_forms
 from .options import DraftSamplerOptions, option
 from .resolved import Artifacts
 from .sampling import draft_distribution
@@ -55,6 +56,11 @@ class HiddenStateTarget(Protocol):
     lm_head_weight: torch.Tensor  # [V(+pad), H]
 
 
+# The default of Chimera's key draft_weights: a draft token is bound by reading the draft
+# model's ~10M weights (docs/chimera.md, "Low-bit draft weights")
+CHIMERA_DRAFT_WEIGHTS = "w8a8"
+
+
 @dataclass(frozen=True)
 class ChimeraOptions(DraftSamplerOptions):
     """Method ``chimera``'s keys."""
@@ -65,6 +71,12 @@ class ChimeraOptions(DraftSamplerOptions):
     stop_threshold: float = option(
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: every "
         "head drafts)", "float", 0.0, 1.0)
+    draft_weights: str = option(
+        CHIMERA_DRAFT_WEIGHTS, "weights the draft model's linear layers and LM-head rows "
+        "read: \"full\" (the checkpoint's, in the target's dtype), \"int8\", \"w8a8\" or "
+        "\"int4\" (as the self-draft's key of that name: each shape takes its fastest kernel "
+        "of that format or a more precise one, timed on this machine, proposers.low_bit)",
+        "str", choices=DRAFT_WEIGHTS)
 
 
 class ContextStore:
@@ -138,6 +150,7 @@ class ChimeraProposer(Proposer):
         self.pending_rows = 0
         self.target: HiddenStateTarget | None = None
         self.generator: torch.Generator | None = None
+        self.low_bit_formats: dict[str, str] = {}  # weight name -> its kernel (bind)
         # time spent drafting (per draft token: the cost tools/chimera_eval.py prices) and
         # taking in states; store_resets: recomputed requests; missing_states: positions
         # never computed (prefix-cache hits)
@@ -149,6 +162,9 @@ class ChimeraProposer(Proposer):
         self.target = target
         self.model = self.model.to(device=target.device, dtype=target.dtype).eval()
         self.model.bind_target(target.embed_weight, target.lm_head_weight)
+        forms = choose_forms(self.model.linear_weights(), self.cfg.draft_weights, target.dtype)
+        self.model.use_low_bit(forms)
+        self.low_bit_formats = {name: lin.fmt for name, lin in forms.items()}
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(int(self.cfg.seed))
 
@@ -161,9 +177,14 @@ class ChimeraProposer(Proposer):
         c = self.model.cfg if self.model is not None else None
         if c is None:
             return "chimera (no model)"
+        kernels: dict[str, int] = {}
+        for fmt in self.low_bit_formats.values():
+            kernels[fmt] = kernels.get(fmt, 0) + 1
+        weights = ", ".join(f"{n} {f}" for f, n in sorted(kernels.items())) or "full"
         return (f"chimera: {c.num_heads} heads ({c.head_kind}), draft vocabulary "
                 f"{self.model.draft_ids.numel()}, up to {self.heads} draft tokens, stop below "
-                f"{self.cfg.stop_threshold:.2f}")
+                f"{self.cfg.stop_threshold:.2f}, draft weights {self.cfg.draft_weights} "
+                f"({weights})")
 
     # ---- the context store ------------------------------------------------------------------
     def _store(self, req_id: str) -> ContextStore:

@@ -46,15 +46,22 @@ layout did not import beside torch 2.13.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import platform
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
+
+from vllm_selfspec.log import logger
+
+from .artifacts import cache_dir
 
 DRAFT_WEIGHTS = ("full", "int8", "w8a8", "int4")  # most precise first
 # kernel -> the format it computes (a format may have several kernels; the table picks)
@@ -371,6 +378,30 @@ class KernelTable:
     def load(cls, path: str | Path) -> KernelTable:
         return cls.from_json(json.loads(Path(path).read_text()))
 
+    @classmethod
+    def cached(cls, device: torch.device, dtype: torch.dtype) -> KernelTable:
+        """This machine's table from the cache (``kernel_table_path``), or an empty one."""
+        key = machine_key(device, dtype)
+        path = kernel_table_path(key)
+        try:
+            return cls.load(path) if path.exists() else cls(key)
+        except (ValueError, KeyError, OSError):
+            return cls(key)
+
+    def save_cached(self) -> None:
+        """Write this table where ``cached`` reads it (a warning if it cannot)."""
+        path = kernel_table_path(self.machine)
+        try:
+            self.save(path)
+        except OSError as e:
+            logger.warning("vllm_selfspec: could not cache the kernel table at %s (%s)", path, e)
+
+
+def kernel_table_path(key: str) -> Path:
+    """The cached kernel table of machine key ``key`` (``machine_key``)."""
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    return cache_dir() / "kernels" / f"{digest}.json"
+
 
 def smoothing_factors(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float
                       ) -> torch.Tensor:
@@ -445,3 +476,38 @@ def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
                     f(x)
             samples[fmt].append((time.perf_counter() - t0) / (calls[fmt] * len(fns)))
     return {fmt: sorted(s)[len(s) // 2] * 1e6 for fmt, s in samples.items()}
+
+
+def choose_forms(weights: Mapping[str, torch.Tensor], draft_weights: str,
+                 dtype: torch.dtype) -> dict[str, LowBitLinear]:
+    """Low-bit copies of named weights [N, K] (no bias, no smoothing) under key
+    ``draft_weights``: each distinct shape is timed once per machine in ``F.linear`` and
+    in every allowed kernel (``measure_shape``, the cached ``KernelTable`` the self-draft's
+    layers use), and each weight keeps the copy of the kernel ``KernelTable.choose``
+    picks; a weight that stays full is left out."""
+    allowed = allowed_kernels(draft_weights)
+    if not weights or allowed == ("full",):
+        return {}
+    device = next(iter(weights.values())).device
+    table = KernelTable.cached(device, dtype)
+    forms = {name: low_bit_forms(w, allowed) for name, w in weights.items()}
+    by_shape: dict[tuple[int, int], list[str]] = {}
+    for name, w in weights.items():
+        by_shape.setdefault((int(w.shape[0]), int(w.shape[1])), []).append(name)
+    measured = False
+    for (n, k), names in by_shape.items():
+        if forms[names[0]] and not table.has(n, k, ["full", *forms[names[0]]]):
+            full = [functools.partial(F.linear, weight=weights[x].detach().to(dtype))
+                    for x in names]
+            table.times[shape_key(n, k)] = measure_shape(full, [forms[x] for x in names], k,
+                                                         dtype, device)
+            measured = True
+    if measured:
+        table.save_cached()
+    out: dict[str, LowBitLinear] = {}
+    for name, w in weights.items():
+        fmt = table.choose(int(w.shape[0]), int(w.shape[1]),
+                           [f for f in allowed if f in forms[name]])
+        if fmt != "full":
+            out[name] = forms[name][fmt]
+    return out
