@@ -33,6 +33,7 @@ rejection sampler.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -41,7 +42,7 @@ import torch
 from .base import DraftBatch, Proposal, Proposer, TargetStates
 from .chimera import ChimeraDraftModel, trigram_ids
 from .low_bit import DRAFT_WEIGHTS, choose_forms
-from .options import DraftSamplerOptions, option
+from .options import DRAFT_WEIGHTS_DEFAULT, DraftSamplerOptions, option
 from .resolved import Artifacts
 from .sampling import draft_distribution
 
@@ -56,11 +57,6 @@ class HiddenStateTarget(Protocol):
     lm_head_weight: torch.Tensor  # [V(+pad), H]
 
 
-# The default of Chimera's key draft_weights: a draft token is bound by reading the draft
-# model's ~10M weights (docs/chimera.md, "Low-bit draft weights")
-CHIMERA_DRAFT_WEIGHTS = "w8a8"
-
-
 @dataclass(frozen=True)
 class ChimeraOptions(DraftSamplerOptions):
     """Method ``chimera``'s keys."""
@@ -72,7 +68,7 @@ class ChimeraOptions(DraftSamplerOptions):
         0.0, "drafting stops early when the draft's top-1 probability is below it (0: every "
         "head drafts)", "float", 0.0, 1.0)
     draft_weights: str = option(
-        CHIMERA_DRAFT_WEIGHTS, "weights the draft model's linear layers and LM-head rows "
+        DRAFT_WEIGHTS_DEFAULT, "weights the draft model's linear layers and LM-head rows "
         "read: \"full\" (the checkpoint's, in the target's dtype), \"int8\", \"w8a8\" or "
         "\"int4\" (as the self-draft's key of that name: each shape takes its fastest kernel "
         "of that format or a more precise one, timed on this machine, proposers.low_bit)",
@@ -177,9 +173,7 @@ class ChimeraProposer(Proposer):
         c = self.model.cfg if self.model is not None else None
         if c is None:
             return "chimera (no model)"
-        kernels: dict[str, int] = {}
-        for fmt in self.low_bit_formats.values():
-            kernels[fmt] = kernels.get(fmt, 0) + 1
+        kernels = Counter(self.low_bit_formats.values())
         weights = ", ".join(f"{n} {f}" for f, n in sorted(kernels.items())) or "full"
         return (f"chimera: {c.num_heads} heads ({c.head_kind}), draft vocabulary "
                 f"{self.model.draft_ids.numel()}, up to {self.heads} draft tokens, stop below "

@@ -50,10 +50,11 @@ def draft_vocab_option() -> Any:
         "LM head", "int", 0, None)
 
 
-# The default of key draft_weights for selfspec, swift and layerskip: int8 weights with int8
+# The default of key draft_weights for selfspec, swift, layerskip and chimera: int8 weights with int8
 # activations where vLLM's CPU kernel is (each layer falls back to int8 weights with bfloat16
 # activations, then to its own, where that is faster or the kernel missing). Measured in
 # docs/results.md: on 2 CPU cores it makes the SmolLM2-135M self-draft the first that pays.
+# Chimera's draft model takes the same default (docs/chimera.md, "Low-bit draft weights").
 DRAFT_WEIGHTS_DEFAULT = "w8a8"
 
 
