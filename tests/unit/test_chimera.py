@@ -70,6 +70,25 @@ def batch_for(tokens: list[int], hidden: torch.Tensor, start: int, n_states: int
     return DraftBatch(["r"], [req], ids, np.array([len(tokens)]), st)
 
 
+def test_a_wider_draft_vocabulary_keeps_the_checkpoints_rows_first():
+    m = tiny(draft_vocab=40)
+    own = m.draft_ids.clone()
+    counts = np.zeros(V, dtype=np.int64)
+    counts[own[:5].numpy()] = 1000  # already in: not taken twice
+    counts[[3, 4, 5]] = [10, 30, 20]
+    counts[own[5:].numpy()] = 0
+    wide = m.vocab.extended(counts, 43)
+    assert wide.size == 43 and torch.equal(wide.ids[:40], own)
+    outside = [i for i in (4, 5, 3) if i not in set(own.tolist())]
+    assert wide.ids[40:40 + len(outside)].tolist() == outside  # most frequent first
+    assert len(set(wide.ids.tolist())) == 43
+    m.set_draft_vocab(wide)
+    t = FakeTarget()
+    m.bind_target(t.embed_weight, t.lm_head_weight)
+    assert m.cfg.draft_vocab_size == 43 and m.lm_rows.shape == (43, H)
+    assert torch.equal(m.lm_rows[40], t.lm_head_weight[wide.ids[40]])
+
+
 def test_trigram_ids_collapse_at_the_start():
     assert trigram_ids(torch.tensor([5, 6, 7, 8])).tolist() == \
         [[5, 5, 5], [5, 5, 6], [5, 6, 7], [6, 7, 8]]

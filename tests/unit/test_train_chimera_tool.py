@@ -31,13 +31,17 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     ev = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
                             "--prompts", "humaneval", "--num-prompts", "2", "--max-tokens", "6",
                             "--cache", str(cache)])
-    assert ev["chains"] > 0 and len(ev["table5"]["top_k"]) == 2
+    assert ev["chains"] > 0 and len(ev["table5"]["top_k"]) == 2 and ev["draft_vocab"] == 256
+    assert 1.0 <= ev["sets"]["held_out"]["tokens_per_step_path"] <= 3.0
     assert {r["heads"] for r in ev["expected"]} == {1, 2}
     # the bench's prompts, answered by the target and measured like the held-out split
     he = ev["sets"]["humaneval"]
     assert 0 < he["positions"] <= 2 * 6 and len(he["top1"]) == 2 and he["answer_dtype"] == "float32"
     answers = list(cache.rglob("answers.jsonl"))
     assert len(answers) == 1 and len(answers[0].read_text().splitlines()) == 2
+    wide = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
+                              "--draft-vocab", "300"])
+    assert wide["draft_vocab"] == 300  # the checkpoint's 256 and the corpus's next 44
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
@@ -75,6 +79,24 @@ def test_expected_speedup_of_chains():
     # drafted: 3, 3, 2; accepted: 2, 0, 2 -> tokens 1 + 4/3, drafts 8/3
     assert e["tokens_per_step"] == round(1 + 4 / 3, 4) and e["drafts_per_step"] == round(8 / 3, 4)
     assert abs(e["speedup"] - (1 + 4 / 3) / (1 + 0.8 / 3)) < 1e-3
+
+
+def test_the_drafters_path_restarts_after_each_miss():
+    import numpy as np
+
+    from vllm_selfspec.offline.chimera_eval import along_the_path, expected
+
+    # one sequence, chains at n = 0..5 with 2 heads; leads 2, 0, 1, 0, 0, 2
+    correct = np.array([[1, 1], [0, 1], [1, 0], [0, 0], [0, 1], [1, 1]], dtype=bool)
+    starts = np.array([[7, n] for n in range(6)])
+    # path: n=0 accepts 2 -> n=3 accepts 0 -> n=4 accepts 0 -> n=5 accepts 2: 3, 1, 1, 3
+    assert along_the_path(correct, starts) == 2.0
+    every = expected(correct, np.ones_like(correct, dtype=float), 0.0, 2, 0.0, 0.0)
+    assert every["tokens_per_step"] == round(1 + 5 / 6, 4)  # every start counted: not the path
+    # a second sequence walks on its own from its own first chain
+    two = along_the_path(np.concatenate([correct, correct[:2]]),
+                         np.concatenate([starts, [[9, 4], [9, 5]]]))
+    assert two == (3 + 1 + 1 + 3 + 3) / 5  # n=4 accepts 2 -> past its last chain
 
 
 def test_autocast_steps_learn_and_say_so(small_vocab_model_path, tmp_path):

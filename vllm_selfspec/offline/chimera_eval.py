@@ -18,7 +18,14 @@ which equal the drafts when those were accepted). Drafting stops after the first
 whose top-1 probability is under the stop threshold (that token is still proposed), so
 for every threshold the expected tokens per target step and drafts per step follow,
 and the expected speedup is tokens / (1 + drafts x (draft cost + verify cost)), costs
-in decode steps (``tools/draft_cost.py`` measures them).
+in decode steps (``tools/draft_cost.py`` measures them). Beside that average over every
+start, each set reports the mean acceptance length along the drafter's own path
+(``along_the_path``: a chain starts only after the previous one's accepted drafts and the
+target's token, so right after a miss), which is what the engine measures.
+
+``--draft-vocab N`` widens a checkpoint's draft vocabulary before measuring (its own tokens
+first, then the corpus's most frequent answer tokens): the shared heads draft over the
+target's LM-head rows, so a wider vocabulary needs no training.
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6)
 
 
 def chain_stats(model: Any, data: Any, batch_tokens: int = 4096, max_seq: int = 768,
-                device: Any = "cpu") -> tuple[np.ndarray, np.ndarray]:
+                device: Any = "cpu", starts: list[np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(correct [N, K] bool, confidence [N, K]) of every chain start n whose K heads all
-    have a label (answer positions)."""
+    have a label (answer positions); with ``starts``, each chain's (sequence, n) [N, 2]
+    is appended to it in the same order."""
     import torch
 
     k = model.cfg.num_heads
@@ -65,6 +74,9 @@ def chain_stats(model: Any, data: Any, batch_tokens: int = 4096, max_seq: int = 
                 heads = torch.stack([ok[i, :, n + i] for i in range(k)], dim=1)  # [B, K]
                 valid = (heads >= 0).all(dim=1)
                 if bool(valid.any()):
+                    if starts is not None:
+                        seq = np.asarray([a for a, _ in spans])[valid.numpy()]
+                        starts.append(np.stack([seq, np.full_like(seq, n)], axis=1))
                     correct.append(heads[valid].bool().numpy())
                     conf.append(torch.stack([cf[i, :, n + i] for i in range(k)],
                                             dim=1)[valid].numpy())
@@ -91,6 +103,26 @@ def expected(correct: np.ndarray, conf: np.ndarray, threshold: float, heads: int
             "speedup": round(float(tokens / (1.0 + drafts * (draft_cost + verify_cost))), 4)}
 
 
+def along_the_path(correct: np.ndarray, starts: np.ndarray) -> float:
+    """Mean acceptance length of the chains a drafter meets (all heads drafted): in each
+    sequence the first chain starts at its first answer position and every later one right
+    after the previous chain's accepted drafts and the target's own token, so chains start
+    after misses, not at every position as in ``expected``. The engine's own figure
+    (``tools/bench.py``'s mean acceptance length) is one such path."""
+    lead = np.cumprod(correct, axis=1).sum(axis=1)
+    by_seq: dict[int, dict[int, int]] = {}
+    for (seq, n), a in zip(starts.tolist(), lead.tolist()):
+        by_seq.setdefault(int(seq), {})[int(n)] = int(a)
+    steps = []
+    for chains in by_seq.values():
+        n, last = min(chains), max(chains)
+        while n <= last:
+            a = chains.get(n, 0)
+            steps.append(1 + a)
+            n += 1 + a
+    return float(np.mean(steps)) if steps else 1.0
+
+
 def speedup_table(correct: np.ndarray, conf: np.ndarray, draft_cost: float,
                   verify_cost: float) -> list[dict[str, float]]:
     return [expected(correct, conf, th, h, draft_cost, verify_cost)
@@ -104,11 +136,14 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     from vllm_selfspec.offline.train_chimera import evaluate
 
     table5 = evaluate(model, data, 4096, 768, "cpu")
-    correct, conf = chain_stats(model, data)
+    starts: list[np.ndarray] = []
+    correct, conf = chain_stats(model, data, starts=starts)
     heads = correct.shape[1]
     every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
+    path = along_the_path(correct, np.concatenate(starts)) if starts else 1.0
     figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
-               "tokens_per_step": every["tokens_per_step"], "chains": int(correct.shape[0])}
+               "tokens_per_step": every["tokens_per_step"],
+               "tokens_per_step_path": round(path, 4), "chains": int(correct.shape[0])}
     return figures, table5, (correct, conf)
 
 
@@ -207,6 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--answer-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the target's dtype while it answers --prompts (the bench checks float32)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="widen the checkpoint's draft vocabulary to this many tokens (its own "
+                        "first, then the corpus's most frequent answer tokens) before measuring")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "vllm-selfspec" / "chimera-eval"),
                    help="where the answers and states of --prompts are kept (per model)")
     args = p.parse_args(argv)
@@ -225,6 +263,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ckpt = Path(args.checkpoint)
     work = Path(args.work) if args.work else ckpt.with_name(ckpt.name + ".work")
     model = load_checkpoint(ckpt, stamp)
+    if args.draft_vocab > model.cfg.draft_vocab_size:
+        counts = np.zeros(model.cfg.vocab_size, dtype=np.int64)
+        for rec in read_records(work / TRAIN_FILE):
+            counts += np.bincount(np.asarray(rec["response"], dtype=np.int64),
+                                  minlength=model.cfg.vocab_size)[: model.cfg.vocab_size]
+        model.set_draft_vocab(model.vocab.extended(counts, args.draft_vocab))
     state = _target_state(model_path)
     embed = state["model.embed_tokens.weight"]
     model.bind_target(embed, state.get("lm_head.weight", embed))
@@ -236,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         whole, table5, (correct, conf) = summary(model, held, *costs)
     rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
-    report = {"checkpoint": str(ckpt), "table5": table5, "chains": whole["chains"],
+    report = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size, "table5": table5, "chains": whole["chains"],
               "draft_cost": args.draft_cost, "verify_cost": args.verify_cost,
               "expected": rows, "best": best, "sets": {"held_out": whole}}
     print("Table 5 (held-out, top-1..5 per head):")
@@ -262,7 +306,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, s in report["sets"].items():
         print(f"{name}: {s['positions']} positions, top-1 per head "
               + " ".join(f"{x:.3f}" for x in s["top1"])
-              + f", expected tokens per step {s['tokens_per_step']:.2f}")
+              + f", expected tokens per step {s['tokens_per_step']:.2f}"
+              + f" (along the drafter's path {s['tokens_per_step_path']:.2f})")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

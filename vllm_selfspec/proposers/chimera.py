@@ -262,6 +262,17 @@ class ChimeraDraftModel(nn.Module):
     def vocab(self) -> DraftVocab:
         return DraftVocab(self.draft_ids, self.cfg.vocab_size)
 
+    def set_draft_vocab(self, vocab: DraftVocab) -> None:
+        """Draft over another vocabulary (``head_kind`` "shared" only: a head's logits are
+        the target's LM-head rows, so any rows serve; training saw the checkpoint's own).
+        ``bind_target`` again after it."""
+        if self.cfg.head_kind != "shared":
+            raise ValueError("only shared heads (the target's LM-head rows) can change their "
+                             "draft vocabulary")
+        self.draft_ids = vocab.ids.clone().to(self.draft_ids.device)
+        self.cfg = replace(self.cfg, draft_vocab_size=vocab.size)
+        self.lm_rows, self.lm_rows_fn = None, None
+
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Share the target's embedding [V(+pad), H] and LM head [V(+pad), H] (frozen)."""
         self.embed_weight = embed_weight.detach()

@@ -45,6 +45,15 @@ class DraftVocab:
         order = np.lexsort((np.arange(v), -counts.astype(np.int64)))[:size]
         return cls(torch.from_numpy(order.astype(np.int64)), v)
 
+    def extended(self, counts: np.ndarray, size: int) -> DraftVocab:
+        """These ids first, then the most frequent others of ``counts`` [V] up to ``size``."""
+        have = np.zeros(self.vocab_size, dtype=bool)
+        have[self.ids.numpy()] = True
+        order = np.lexsort((np.arange(self.vocab_size), -counts.astype(np.int64)))
+        more = order[~have[order]][: max(0, int(size) - self.size)]
+        return DraftVocab(torch.cat([self.ids, torch.from_numpy(more.astype(np.int64))]),
+                          self.vocab_size)
+
     def coverage(self, counts: np.ndarray) -> float:
         """Share of the counted tokens that are in this vocabulary."""
         total = float(counts.sum())
