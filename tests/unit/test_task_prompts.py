@@ -38,7 +38,10 @@ def test_a_row_that_quotes_a_benchmark_text_is_left_out(monkeypatch):
 @pytest.mark.parametrize("name, forms", [("writing-siqa", tp._SITUATION_FORMS),
                                          ("writing-hellaswag", tp._SCENE_FORMS),
                                          ("writing-piqa", tp._GOAL_FORMS),
-                                         ("writing-health", tp._QUESTION_FORMS)])
+                                         ("writing-health", tp._QUESTION_FORMS),
+                                         ("extract-quac", tp._EXTRACT_FORMS),
+                                         ("essay-mmlu", tp._ESSAY_FORMS),
+                                         ("explain-fiqa", tp._FINANCE_FORMS)])
 def test_writing_requests_put_every_form_around_the_rows_own_text(name, forms):
     convs = tp.task_prompts(name, decontaminate=False)
     used = {f for c in convs for f in forms if c.prompt.startswith(f.split("{}")[0])}

