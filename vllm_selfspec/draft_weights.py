@@ -34,8 +34,6 @@ from vllm_selfspec.proposers.low_bit import (
     LowBitLinear,
     allowed_kernels,
     low_bit_forms,
-    measure_shape,
-    shape_key,
 )
 
 
@@ -99,23 +97,17 @@ class LowBitDraft:
         for m, forms in linears:
             by_shape.setdefault(_out_in(m, forms), []).append((m, forms))
         for (n, k), group in by_shape.items():
-            if not table.has(n, k, ["full", *group[0][1]]):
-                table.times[shape_key(n, k)] = measure_shape(
-                    [module_linear(m) for m, _ in group], [f for _, f in group], k,
-                    self.dtype, self.device)
-                measured = True
+            measured |= table.time_missing(n, k, [module_linear(m) for m, _ in group],
+                                           [f for _, f in group], self.dtype, self.device)
         # the LM head over the full vocabulary (a draft vocabulary's rows: at first use)
         head_rows = head_weight[:vocab_size]
         hn, hk = head_rows.shape
         self.head_absmax = capture.scales.get("lm_head")
         self.alpha = capture.alpha
         head_forms = low_bit_forms(head_rows, allowed, self.head_absmax, self.alpha)
-        if not table.has(hn, hk, ["full", *head_forms]):
-            table.times[shape_key(hn, hk)] = measure_shape(
-                [module_linear(head_module) if head_module is not None
-                 else (lambda x: x @ head_rows.t())], [head_forms], hk, self.dtype,
-                self.device)
-            measured = True
+        measured |= table.time_missing(
+            hn, hk, [module_linear(head_module) if head_module is not None
+                     else (lambda x: x @ head_rows.t())], [head_forms], self.dtype, self.device)
         if measured:
             table.save_cached()
         self.table = table
@@ -229,9 +221,8 @@ class LowBitDraft:
             return
         n, k = rows.shape
         forms = low_bit_forms(rows, self.allowed, self.head_absmax, self.alpha)
-        if not self.table.has(n, k, ["full", *forms]):
-            self.table.times[shape_key(n, k)] = measure_shape(
-                [lambda x: x @ rows.t()], [forms], k, self.dtype, self.device)
+        self.table.time_missing(n, k, [lambda x: x @ rows.t()], [forms], self.dtype,
+                                self.device)
         self._subsets[key] = forms.get(self.table.choose(n, k, forms))
 
     def subset_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:

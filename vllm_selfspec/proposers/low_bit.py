@@ -355,6 +355,18 @@ class KernelTable:
         row = self.times.get(shape_key(out_features, in_features), {})
         return all(f in row for f in fmts)
 
+    def time_missing(self, out_features: int, in_features: int,
+                     full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+                     forms: Sequence[Mapping[str, LowBitLinear]], dtype: torch.dtype,
+                     device: torch.device) -> bool:
+        """Time one shape (``measure_shape``: the target's own linears ``full`` and the
+        kernels all of ``forms`` hold) unless this table has it already; whether it did."""
+        if self.has(out_features, in_features, ["full", *forms[0]]):
+            return False
+        self.times[shape_key(out_features, in_features)] = measure_shape(
+            full, forms, in_features, dtype, device)
+        return True
+
     def to_json(self) -> dict:
         return {"format": KERNEL_TABLE_FORMAT, "machine": self.machine, "rows": self.rows,
                 "times_us": self.times}
@@ -440,7 +452,7 @@ def low_bit_forms(weight: torch.Tensor, fmts: Iterable[str],
 
 
 def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
-                  forms: Sequence[dict[str, LowBitLinear]], in_features: int,
+                  forms: Sequence[Mapping[str, LowBitLinear]], in_features: int,
                   dtype: torch.dtype, device: torch.device, rows: int = 1,
                   min_seconds: float = 0.02, rounds: int = 5) -> dict[str, float]:
     """µs per call, at ``rows`` rows of ``dtype`` activations, of the target's own linear
@@ -496,12 +508,11 @@ def choose_forms(weights: Mapping[str, torch.Tensor], draft_weights: str,
         by_shape.setdefault((int(w.shape[0]), int(w.shape[1])), []).append(name)
     measured = False
     for (n, k), names in by_shape.items():
-        if forms[names[0]] and not table.has(n, k, ["full", *forms[names[0]]]):
+        if forms[names[0]]:
             full = [functools.partial(F.linear, weight=weights[x].detach().to(dtype))
                     for x in names]
-            table.times[shape_key(n, k)] = measure_shape(full, [forms[x] for x in names], k,
-                                                         dtype, device)
-            measured = True
+            measured |= table.time_missing(n, k, full, [forms[x] for x in names], dtype,
+                                           device)
     if measured:
         table.save_cached()
     out: dict[str, LowBitLinear] = {}
