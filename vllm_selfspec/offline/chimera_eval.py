@@ -103,23 +103,31 @@ def expected(correct: np.ndarray, conf: np.ndarray, threshold: float, heads: int
             "speedup": round(float(tokens / (1.0 + drafts * (draft_cost + verify_cost))), 4)}
 
 
-def along_the_path(correct: np.ndarray, starts: np.ndarray) -> float:
-    """Mean acceptance length of the chains a drafter meets (all heads drafted): in each
-    sequence the first chain starts at its first answer position and every later one right
-    after the previous chain's accepted drafts and the target's own token, so chains start
-    after misses, not at every position as in ``expected``. The engine's own figure
-    (``tools/bench.py``'s mean acceptance length) is one such path."""
+def path_steps(correct: np.ndarray, starts: np.ndarray) -> dict[int, list[int]]:
+    """Tokens per target step of the chains a drafter meets (all heads drafted), per
+    sequence: the first chain starts at the sequence's first answer position and every later
+    one right after the previous chain's accepted drafts and the target's own token, so
+    chains start after misses, not at every position as in ``expected``."""
     lead = np.cumprod(correct, axis=1).sum(axis=1)
     by_seq: dict[int, dict[int, int]] = {}
     for (seq, n), a in zip(starts.tolist(), lead.tolist()):
         by_seq.setdefault(int(seq), {})[int(n)] = int(a)
-    steps = []
-    for chains in by_seq.values():
-        n, last = min(chains), max(chains)
+    out: dict[int, list[int]] = {}
+    for seq, chains in by_seq.items():
+        n, last, steps = min(chains), max(chains), []
         while n <= last:
             a = chains.get(n, 0)
             steps.append(1 + a)
             n += 1 + a
+        out[seq] = steps
+    return out
+
+
+def along_the_path(correct: np.ndarray, starts: np.ndarray) -> float:
+    """Mean acceptance length along the drafter's path (``path_steps``) over all sequences:
+    what the engine measures (``tools/bench.py``'s mean acceptance length, every head
+    drafted), where ``expected`` averages over every start."""
+    steps = [x for seq in path_steps(correct, starts).values() for x in seq]
     return float(np.mean(steps)) if steps else 1.0
 
 
@@ -132,7 +140,8 @@ def speedup_table(correct: np.ndarray, conf: np.ndarray, draft_cost: float,
 def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
             ) -> tuple[dict[str, Any], dict[str, Any], tuple[np.ndarray, np.ndarray]]:
     """(figures, Table 5, chains) of ``data``, teacher-forced: the figures are top-1 per head
-    and the expected tokens per step drafting every head (no confidence stop)."""
+    and the expected tokens per step drafting every head (no confidence stop), over every
+    start and along the drafter's path (``path_steps``: each sequence's, in ``data``'s order)."""
     from vllm_selfspec.offline.train_chimera import evaluate
 
     table5 = evaluate(model, data, 4096, 768, "cpu")
@@ -140,10 +149,15 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     correct, conf = chain_stats(model, data, starts=starts)
     heads = correct.shape[1]
     every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
-    path = along_the_path(correct, np.concatenate(starts)) if starts else 1.0
+    at = np.concatenate(starts) if starts else np.zeros((0, 2), dtype=np.int64)
+    by_seq = path_steps(correct, at)
+    # a sequence's chains are keyed by its span's start (``Sequences.batches``)
+    span_start = [max(int(a), int(b) - 768) for a, b in zip(data.offsets[:-1], data.offsets[1:])]
     figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
                "tokens_per_step": every["tokens_per_step"],
-               "tokens_per_step_path": round(path, 4), "chains": int(correct.shape[0])}
+               "tokens_per_step_path": round(along_the_path(correct, at), 4),
+               "path_steps": [by_seq.get(a, []) for a in span_start],
+               "chains": int(correct.shape[0])}
     return figures, table5, (correct, conf)
 
 
@@ -255,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.offline.chimera_data import read_records
     from vllm_selfspec.offline.corpus import HELD_OUT_FILE, TRAIN_FILE
-    from vllm_selfspec.offline.train_chimera import Sequences, _target_state
+    from vllm_selfspec.offline.train_chimera import Sequences, _shard_ids, _target_state
     from vllm_selfspec.proposers.chimera import load_checkpoint
 
     model_path = resolve_model(args.model)
@@ -278,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     costs = (args.draft_cost, args.verify_cost)
     with torch.no_grad():
         whole, table5, (correct, conf) = summary(model, held, *costs)
+    whole.pop("path_steps")
     rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
     report = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size, "table5": table5, "chains": whole["chains"],
@@ -293,15 +308,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if unseen:
             with torch.no_grad():
                 s = summary(model, Sequences.load(shards, keep=unseen), *costs)[0]
+            s.pop("path_steps")
             report["sets"]["held_out_unseen"] = {**s, "records": len(unseen),
                                                  "of": len(held_recs)}
     cache = Path(args.cache) / (stamp.fingerprint or Path(model_path).name)
     for name in [x for x in args.prompts.split(",") if x]:
         folder = cache / f"{name}-{args.num_prompts}x{args.max_tokens}-{args.answer_dtype}"
+        set_shards = prompt_set_states(model_path, name, args.num_prompts, args.max_tokens,
+                                       args.answer_dtype, folder)
         with torch.no_grad():
-            s = summary(model, Sequences.load(prompt_set_states(
-                model_path, name, args.num_prompts, args.max_tokens, args.answer_dtype, folder)),
-                *costs)[0]
+            s = summary(model, Sequences.load(set_shards), *costs)[0]
+        ids = [i for shard in set_shards for i in _shard_ids(shard)]
+        s["per_prompt"] = {i: {"steps": len(st), "tokens_per_step_path":
+                               round(float(np.mean(st)), 4) if st else 1.0}
+                           for i, st in zip(ids, s.pop("path_steps"))}
         report["sets"][name] = {**s, "answer_dtype": args.answer_dtype}
     for name, s in report["sets"].items():
         print(f"{name}: {s['positions']} positions, top-1 per head "
