@@ -43,13 +43,23 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     order = [json.loads(x)["id"] for x in answers[0].read_text().splitlines()]
     assert list(he["per_prompt"]) == order and all(i.startswith("HumanEval/") for i in order)
     assert all(r["steps"] >= 1 and r["tokens_per_step_path"] >= 1 for r in he["per_prompt"].values())
-    wide = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
-                              "--draft-vocab", "300"])
-    assert wide["draft_vocab"] == 300  # the checkpoint's 256 and the corpus's next 44
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
     assert again["training"]["steps"] == steps
+    # a wider draft vocabulary counts the corpus's answers: none here (teacher-forced labels)
+    import pytest
+
+    from vllm_selfspec.offline.corpus import TRAIN_FILE
+
+    wide_args = ["--checkpoint", str(out), "--model", small_vocab_model_path, "--draft-vocab", "300"]
+    with pytest.raises(SystemExit, match="no training answers"):
+        chimera_eval.main(wide_args)
+    own = set(model.draft_ids.tolist())
+    rare = [i for i in range(model.cfg.vocab_size) if i not in own][-3:]  # highest ids outside
+    (work / TRAIN_FILE).write_text(json.dumps({"id": "a", "prompt": [1], "response": rare * 5}) + "\n")
+    wide = chimera_eval.main(wide_args)
+    assert wide["draft_vocab"] == 300  # the checkpoint's 256, the answers' tokens among the rest
 
 
 def test_unseen_held_out_prompts_share_no_run_with_training_ones():

@@ -41,9 +41,10 @@ import numpy as np
 UNSEEN_NGRAM = 8  # tokens: a held-out prompt sharing a run this long with a training one is a repeat
 
 THRESHOLDS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6)
+MAX_SEQ = 768  # tokens of a sequence measured: its last ones (``Sequences.batches``)
 
 
-def chain_stats(model: Any, data: Any, batch_tokens: int = 4096, max_seq: int = 768,
+def chain_stats(model: Any, data: Any, batch_tokens: int = 4096, max_seq: int = MAX_SEQ,
                 device: Any = "cpu", starts: list[np.ndarray] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(correct [N, K] bool, confidence [N, K]) of every chain start n whose K heads all
@@ -144,7 +145,7 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     start and along the drafter's path (``path_steps``: each sequence's, in ``data``'s order)."""
     from vllm_selfspec.offline.train_chimera import evaluate
 
-    table5 = evaluate(model, data, 4096, 768, "cpu")
+    table5 = evaluate(model, data, 4096, MAX_SEQ, "cpu")
     starts: list[np.ndarray] = []
     correct, conf = chain_stats(model, data, starts=starts)
     heads = correct.shape[1]
@@ -152,7 +153,8 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     at = np.concatenate(starts) if starts else np.zeros((0, 2), dtype=np.int64)
     by_seq = path_steps(correct, at)
     # a sequence's chains are keyed by its span's start (``Sequences.batches``)
-    span_start = [max(int(a), int(b) - 768) for a, b in zip(data.offsets[:-1], data.offsets[1:])]
+    span_start = [max(int(a), int(b) - MAX_SEQ)
+                  for a, b in zip(data.offsets[:-1], data.offsets[1:])]
     figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
                "tokens_per_step": every["tokens_per_step"],
                "tokens_per_step_path": round(along_the_path(correct, at), 4),
@@ -282,6 +284,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for rec in read_records(work / TRAIN_FILE):
             counts += np.bincount(np.asarray(rec["response"], dtype=np.int64),
                                   minlength=model.cfg.vocab_size)[: model.cfg.vocab_size]
+        if not counts.any():
+            raise SystemExit(f"--draft-vocab: no training answers in {work} to count tokens "
+                             "from; give the corpus with --corpus")
         model.set_draft_vocab(model.vocab.extended(counts, args.draft_vocab))
     state = _target_state(model_path)
     embed = state["model.embed_tokens.weight"]
@@ -295,7 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     whole.pop("path_steps")
     rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
-    report = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size, "table5": table5, "chains": whole["chains"],
+    report = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size,
+              "table5": table5, "chains": whole["chains"],
               "draft_cost": args.draft_cost, "verify_cost": args.verify_cost,
               "expected": rows, "best": best, "sets": {"held_out": whole}}
     print("Table 5 (held-out, top-1..5 per head):")
