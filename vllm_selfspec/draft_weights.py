@@ -97,7 +97,7 @@ class LowBitDraft:
         for m, forms in linears:
             by_shape.setdefault(_out_in(m, forms), []).append((m, forms))
         for (n, k), group in by_shape.items():
-            measured |= table.time_missing(n, k, [module_linear(m) for m, _ in group],
+            measured |= table.time_missing(n, k, lambda g=group: [module_linear(m) for m, _ in g],
                                            [f for _, f in group], self.dtype, self.device)
         # the LM head over the full vocabulary (a draft vocabulary's rows: at first use)
         head_rows = head_weight[:vocab_size]
@@ -106,8 +106,9 @@ class LowBitDraft:
         self.alpha = capture.alpha
         head_forms = low_bit_forms(head_rows, allowed, self.head_absmax, self.alpha)
         measured |= table.time_missing(
-            hn, hk, [module_linear(head_module) if head_module is not None
-                     else (lambda x: x @ head_rows.t())], [head_forms], self.dtype, self.device)
+            hn, hk, lambda: [module_linear(head_module) if head_module is not None
+                             else (lambda x: x @ head_rows.t())], [head_forms], self.dtype,
+            self.device)
         if measured:
             table.save_cached()
         self.table = table
@@ -221,7 +222,7 @@ class LowBitDraft:
             return
         n, k = rows.shape
         forms = low_bit_forms(rows, self.allowed, self.head_absmax, self.alpha)
-        self.table.time_missing(n, k, [lambda x: x @ rows.t()], [forms], self.dtype,
+        self.table.time_missing(n, k, lambda: [lambda x: x @ rows.t()], [forms], self.dtype,
                                 self.device)
         self._subsets[key] = forms.get(self.table.choose(n, k, forms))
 

@@ -41,15 +41,14 @@ class DraftVocab:
     def from_counts(cls, counts: np.ndarray, size: int) -> DraftVocab:
         """The ``size`` most frequent tokens of ``counts`` [V] (ties to the lower id)."""
         v = int(counts.shape[0])
-        size = min(int(size), v)
-        order = np.lexsort((np.arange(v), -counts.astype(np.int64)))[:size]
+        order = _by_frequency(counts)[: min(int(size), v)]
         return cls(torch.from_numpy(order.astype(np.int64)), v)
 
     def extended(self, counts: np.ndarray, size: int) -> DraftVocab:
         """These ids first, then the most frequent others of ``counts`` [V] up to ``size``."""
         have = np.zeros(self.vocab_size, dtype=bool)
         have[self.ids.numpy()] = True
-        order = np.lexsort((np.arange(self.vocab_size), -counts.astype(np.int64)))
+        order = _by_frequency(counts)
         more = order[~have[order]][: max(0, int(size) - self.size)]
         return DraftVocab(torch.cat([self.ids, torch.from_numpy(more.astype(np.int64))]),
                           self.vocab_size)
@@ -74,3 +73,8 @@ class DraftVocab:
         out = q.new_zeros(q.shape[0], self.vocab_size)
         out[:, self.ids.to(q.device)] = q
         return out
+
+
+def _by_frequency(counts: np.ndarray) -> np.ndarray:
+    """Token ids, most counted first (ties to the lower id)."""
+    return np.lexsort((np.arange(int(counts.shape[0])), -counts.astype(np.int64)))

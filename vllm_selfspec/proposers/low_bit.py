@@ -356,15 +356,16 @@ class KernelTable:
         return all(f in row for f in fmts)
 
     def time_missing(self, out_features: int, in_features: int,
-                     full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+                     full: Callable[[], Sequence[Callable[[torch.Tensor], torch.Tensor]]],
                      forms: Sequence[Mapping[str, LowBitLinear]], dtype: torch.dtype,
                      device: torch.device) -> bool:
-        """Time one shape (``measure_shape``: the target's own linears ``full`` and the
-        kernels all of ``forms`` hold) unless this table has it already; whether it did."""
+        """Time one shape (``measure_shape``: the target's own linears, which ``full()``
+        makes only then, and the kernels all of ``forms`` hold) unless this table has it
+        already; whether it did."""
         if self.has(out_features, in_features, ["full", *forms[0]]):
             return False
         self.times[shape_key(out_features, in_features)] = measure_shape(
-            full, forms, in_features, dtype, device)
+            full(), forms, in_features, dtype, device)
         return True
 
     def to_json(self) -> dict:
@@ -509,8 +510,8 @@ def choose_forms(weights: Mapping[str, torch.Tensor], draft_weights: str,
     measured = False
     for (n, k), names in by_shape.items():
         if forms[names[0]]:
-            full = [functools.partial(F.linear, weight=weights[x].detach().to(dtype))
-                    for x in names]
+            full = lambda names=names: [  # noqa: E731
+                functools.partial(F.linear, weight=weights[x].detach().to(dtype)) for x in names]
             measured |= table.time_missing(n, k, full, [forms[x] for x in names], dtype,
                                            device)
     if measured:
