@@ -172,7 +172,11 @@ def test_the_vocabulary_can_be_narrowed_or_switched_off_in_a_running_engine():
 
 def test_the_size_asked_for_before_bind_applies_at_bind():
     p = SelfSpecProposer(2, {}, Artifacts(skip_mask=SkipMask(), draft_vocab=(9, 3, 4)))
-    p.use_draft_vocab(0)  # an engine binds at its first draft step
+    assert "draft vocabulary 3 (from the first draft step)" in p.describe()
+    p.use_draft_vocab(2)  # an engine binds at its first draft step
+    assert "draft vocabulary 2 (from the first draft step)" in p.describe()
+    p.use_draft_vocab(0)
+    assert "draft vocabulary" not in p.describe()
     p.bind(HeadTarget())
     assert p.vocab is None
     p.use_draft_vocab(2)

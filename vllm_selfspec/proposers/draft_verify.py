@@ -187,7 +187,13 @@ class SelfSpecProposer(Proposer):
                 f"{self.exit.threshold:.2f}{self.describe_vocab()}")
 
     def describe_vocab(self) -> str:
-        return "" if self.vocab is None else f", draft vocabulary {self.vocab.size}"
+        if self.vocab is not None:
+            return f", draft vocabulary {self.vocab.size}"
+        if self.target is None and self.vocab_ids is not None:  # applied by bind()
+            n = self._vocab_size if self._vocab_size is not None else len(self.vocab_ids)
+            if n > 0:
+                return f", draft vocabulary {n} (from the first draft step)"
+        return ""
 
     def observe(self, results: list[Verification]) -> None:
         super().observe(results)
