@@ -302,7 +302,7 @@ class PluginDrafter:
             # what verifying one costs
             self.gate.skip_timing()
         self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed,
-                      proposal.depth)
+                      proposal.depth, proposal.rows)
         if proposal.evidence is not None and self.gate is not None:
             for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
                 if draft:
@@ -369,9 +369,9 @@ class PluginDrafter:
 
     def _drafted(self, tokens: int, seconds: float,
                  timed: dict[str, tuple[int, float]] | None = None,
-                 depth: dict[str, int] | None = None) -> None:
+                 depth: dict[str, int] | None = None, rows: int = 0) -> None:
         if self.gate is not None:
-            self.gate.drafted(tokens, seconds, timed, depth)
+            self.gate.drafted(tokens, seconds, timed, depth, rows)
 
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()

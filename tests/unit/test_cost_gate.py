@@ -411,6 +411,34 @@ def test_a_self_draft_is_priced_per_pass_not_per_row():
         token_priced.describe()
 
 
+def test_an_ngram_lookup_is_priced_per_row_looked_up():
+    """An n-gram call looks up every request in flight and then drafts what the limits
+    let through: at 16 in flight 16 lookups of 0.4 ms that drafted 2 tokens are 0.4 ms
+    a row, not 3.2 ms a token charged 16 times for one token each (the gate held back
+    context drafts accepted 80% of the time)."""
+    def gate_after(rows):
+        gate = measured(CostGate(k=8), 0.030, 0.0025)  # plain: 70 ms at 16 in flight
+        gate.steps = 100
+        for _ in range(300):
+            gate.observe(3, 2, "context:q3:x1")  # 80% of first positions accepted
+            gate.observe(1, 1, "context:q3:x1")
+            gate.observe(1, 1, "context:q3:x1")
+            gate.observe(1, 1, "context:q3:x1")
+            gate.observe(1, 0, "context:q3:x1")
+            gate.drafted(2, 16 * 0.0004, None, None, rows)
+        return gate
+    row_priced, token_priced = gate_after(16), gate_after(0)
+    assert abs(row_priced.draft_cost() - 0.0004) < 1e-12 and row_priced.c_per_row
+    assert abs(row_priced.drafting_seconds(3, 16) - 16 * 0.0004) < 1e-12
+    assert row_priced.drafting_seconds(0, 16) == 0.0
+    assert abs(token_priced.drafting_seconds(3, 16) - 3 * 16 * 0.0032) < 1e-12
+    assert row_priced.best(16, "context:q3:x1")[0] > 0
+    assert token_priced.best(16, "context:q3:x1")[0] == 0
+    assert "steps a row" not in token_priced.describe()
+    row_priced.plan(16)
+    assert "draft row" in row_priced.describe()
+
+
 def test_a_slow_warm_up_does_not_price_every_later_step():
     """Four requests in flight whose first plain steps were slow (5x: the engine's first
     steps): drafting then looks like it wins several times over, and without a plain step

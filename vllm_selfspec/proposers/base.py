@@ -122,6 +122,10 @@ class Proposal:
     # proposer passed over, scored against the tokens the target then produced; the cost gate
     # counts them as that class's evidence (CostGate.observe with age=False)
     shadows: list[tuple[str, int, int]] | None = None
+    # requests the call looked up in n-gram sources (the context, earlier requests, a
+    # datastore): the call's time less ``timed`` is that lookup's, paid per row whatever the
+    # rows then draft, and the cost gate prices it per row (CostGate.drafted); 0: per token
+    rows: int = 0
     # seconds of the call spent on other work than drafting (SWIFT's optimization step):
     # neither a draft token's cost nor the step's, so the cost gate prices neither with it
     excluded_seconds: float = 0.0

@@ -335,6 +335,7 @@ class CostGate:
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
         self.c_samples = 0
         self.c_per_pass = False  # c_draft is per draft position (``drafted``'s depth)
+        self.c_per_row = False  # c_draft is per request row looked up (``drafted``'s rows)
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
@@ -430,7 +431,7 @@ class CostGate:
 
     def drafted(self, tokens: int, seconds: float,
                 timed: dict[str, tuple[int, float]] | None = None,
-                depth: dict[str, int] | None = None) -> None:
+                depth: dict[str, int] | None = None, rows: int = 0) -> None:
         """The drafting call proposed ``tokens`` draft tokens in ``seconds``; ``timed``:
         per evidence class the proposer timed itself, (its tokens, its seconds), which
         are taken out of the call's before the rest is shared by the other tokens.
@@ -438,7 +439,12 @@ class CostGate:
         every row at once (self-drafting: ``Proposal.depth``), its deepest row's draft
         length; that class is priced per draft position, seconds over depth, since a
         pass drafts one position for all its rows (priced per row-token, a self-draft at
-        4 in flight was charged four passes for one, and seldom drafted)."""
+        4 in flight was charged four passes for one, and seldom drafted). ``rows``: the
+        call looked up this many requests in n-gram sources, and the rest of its time
+        (after ``timed``) is that lookup's, paid per row whatever the rows then draft; it
+        is priced per row (per token, a lookup at 16 in flight that the limits let draft
+        two tokens was charged as if each of 16 rows' tokens cost 8 lookups, and the gate
+        held back drafts accepted 80% of the time)."""
         self.last_draft_seconds = seconds
         depth = depth or {}
         if tokens > 0:
@@ -450,9 +456,13 @@ class CostGate:
                 e.per_pass = depth.get(name, 0) > 0
                 e.c_draft = self._ema(e.c_draft, secs / (depth.get(name) or n), e.c_samples)
             tokens, seconds = tokens - n, seconds - secs
-        if tokens > 0:
+        if rows > 0:
             self.c_samples += 1
-            self.c_per_pass = depth.get("", 0) > 0
+            self.c_per_pass, self.c_per_row = False, True
+            self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / rows, self.c_samples)
+        elif tokens > 0:
+            self.c_samples += 1
+            self.c_per_pass, self.c_per_row = depth.get("", 0) > 0, False
             self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / (depth.get("") or tokens),
                                      self.c_samples)
 
@@ -496,13 +506,15 @@ class CostGate:
         return [self.step_seconds(n * (1 + d), d > 0, opt if d else 0.0)
                 for d in range(self.k + 1)]
 
-    def _price(self, evidence: str) -> tuple[float | None, bool]:
-        """(seconds per draft token or position, whether per position) of class
-        ``evidence``: its own where the proposer timed it, else the call's."""
+    def _price(self, evidence: str) -> tuple[float | None, str]:
+        """(seconds per unit, the unit: "token", "position" of a pass every row shares,
+        or "row" looked up) of class ``evidence``: its own where the proposer timed it,
+        else the call's."""
         e = self.classes.get(evidence)
         if e is not None and e.c_draft is not None:
-            return e.c_draft, e.per_pass
-        return self.c_draft, self.c_per_pass
+            return e.c_draft, "position" if e.per_pass else "token"
+        unit = "row" if self.c_per_row else "position" if self.c_per_pass else "token"
+        return self.c_draft, unit
 
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence`` (per draft position where it is
@@ -511,10 +523,15 @@ class CostGate:
 
     def drafting_seconds(self, d: int, n: int, evidence: str = "") -> float | None:
         """Predicted seconds of drafting d tokens for each of n requests from class
-        ``evidence``: n d tokens at its cost per token, or d positions at its cost per
-        position where its passes serve every row at once (``drafted``'s depth)."""
-        c, per_pass = self._price(evidence)
-        return None if c is None else d * c * (1 if per_pass else max(1, n))
+        ``evidence``: n d tokens at its cost per token, d positions at its cost per
+        position where its passes serve every row at once (``drafted``'s depth), or n
+        rows looked up whatever d (``drafted``'s rows)."""
+        c, unit = self._price(evidence)
+        if c is None:
+            return None
+        if unit == "row":
+            return c * max(1, n) if d > 0 else 0.0
+        return d * c * (1 if unit == "position" else max(1, n))
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
@@ -524,10 +541,11 @@ class CostGate:
         every step, per class)."""
         upto = self.k if upto is None else upto
         costs = self.step_costs(n) if costs is None else costs
-        c = self.drafting_seconds(1, n, evidence)  # drafting is linear in d
+        c = self.drafting_seconds(1, n, evidence)
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
-        return [tokens * costs[0] / (costs[d] + d * c)
+        per_d = self._price(evidence)[1] != "row"  # else the same for every d >= 1
+        return [tokens * costs[0] / (costs[d] + (d * c if per_d else c))
                 for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1)]
 
     def _expected_tokens(self, upto: int, optimistic: bool, evidence: str) -> list[float]:
@@ -619,8 +637,9 @@ class CostGate:
             return 1
         if (3 * n, True) not in self.table.cells:
             return 2
-        c = self.drafting_seconds(1, n, evidence) or 0.0
-        return 1 if costs[1] + c <= costs[2] + 2 * c else 2
+        c1 = self.drafting_seconds(1, n, evidence) or 0.0
+        c2 = self.drafting_seconds(2, n, evidence) or 0.0
+        return 1 if costs[1] + c1 <= costs[2] + c2 else 2
 
     def _probe_wait(self, evidence: str, d: int, costs: list[float] | None) -> int:
         """Steps until the probe after this one: its predicted loss in plain steps (the
@@ -628,12 +647,12 @@ class CostGate:
         ``probe_budget``, at most ``max_probe_every``. A draft token that costs a decode step
         (selfspec on 2 cores) loses ~1.7 steps a probe: one probe per ~350 steps, not the
         doubling clock's dozen in a thousand (each was ~0.1% of a bench run)."""
-        c, cfg = self.drafting_seconds(1, self.batch, evidence), self.cfg
+        d, cfg = min(d, self.k), self.cfg
+        c = self.drafting_seconds(d, self.batch, evidence)
         if costs is None or c is None or costs[0] <= 0 or d <= 0 or cfg.probe_budget <= 0:
             return 0
-        d = min(d, self.k)
         tokens = self._expected_tokens(d, False, evidence)[-1]
-        loss = (costs[d] + d * c) / costs[0] - tokens
+        loss = (costs[d] + c) / costs[0] - tokens
         return min(cfg.max_probe_every, max(0, math.ceil(loss / cfg.probe_budget)))
 
     def limit(self, evidence: str) -> int:
@@ -668,7 +687,7 @@ class CostGate:
             return "cost gate: measuring"
         t0, cv, co = self.t0 or 1.0, self.c_verify or 0.0, self.c_overhead or 0.0
         # a proposer that times every class itself leaves no call-wide draft cost
-        unit = "position" if self.c_per_pass else "token"
+        unit = "row" if self.c_per_row else "position" if self.c_per_pass else "token"
         shared = "" if self.c_draft is None else f"draft {unit} {self.c_draft / t0:.2f} steps, "
         parts = []
         for name in self.classes:

@@ -333,7 +333,7 @@ class NGrammysProposer(DraftsFromPastRequests, Proposer):
             if self.keep_rows:
                 self.kept[req.req_id] = _Kept(int(history.shape[0]),
                                               [r for j, r in enumerate(rows) if j != i])
-        return Proposal(drafts, evidence=evidence)
+        return Proposal(drafts, evidence=evidence, rows=len(batch.requests))
 
     def finish(self, req_ids: set[str]) -> None:
         for r in req_ids:

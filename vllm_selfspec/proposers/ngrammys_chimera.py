@@ -91,9 +91,11 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
             return Proposal(drafts)
         rest = []
         evidence = [""] * len(batch.req_ids)
+        looked_up = 0
         for r in batch.requests:
             if r.max_len <= 0:
                 continue
+            looked_up += 1
             hist = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
             limit = min(r.max_len, self.k)
             row, label = self.context_draft(hist, limit)
@@ -120,7 +122,7 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
             out = self._draft(batch, ready, drafts)  # sets out.timed (timed_evidence)
         else:
             out = Proposal(drafts)
-        out.evidence = evidence
+        out.evidence, out.rows = evidence, looked_up
         if out.probs is not None:  # context drafts are one-hot in a sampled batch
             for r in batch.requests:
                 if r not in ready:

@@ -148,9 +148,11 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
             return Proposal(drafts)
         rest, guesses = [], {}
         shadows = self._shadows(batch)
+        looked_up = 0
         for r in batch.requests:
             if r.max_len <= 0:
                 continue
+            looked_up += 1
             history = batch.token_ids[r.row, : int(batch.num_tokens[r.row])]
             rows, labels = self.ngrams.candidates(history, r.req_id)
             cap = batch.cap(r, labels[0]) if rows else 0
@@ -192,7 +194,7 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                     for i, t in enumerate(drafts[r.row]):
                         probs[r.row, i, t] = 1.0
         return Proposal(drafts, probs, evidence=evidence, timed=timed, depth=depth,
-                        shadows=shadows or None)
+                        shadows=shadows or None, rows=looked_up)
 
     def _guess_again(self, batch: DraftBatch, rest: list[DraftRequest]) -> GuessAgain:
         """Key ``guess_again``: a row's fresh guess is the n-gram sources' first match for
