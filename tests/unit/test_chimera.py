@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -311,6 +312,18 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     assert all(float(out.probs[0, i, t]) == 1.0 for i, t in enumerate(out.drafts[0]))
     assert all(float(out.probs[0, i].sum()) == 1.0 for i in range(len(out.drafts[0])))
     assert 0.0 < float(out.probs[1, 0].max()) < 1.0 + 1e-6
+    # the cost gate prices the lookups per row looked up, and the states Chimera's drafts
+    # read (``prepare``) with Chimera's own tokens, not with the context rows' lookups
+    p.finish({"r", "s"})
+    taken_in = p.prepare
+
+    def slow_prepare(*args, **kwargs):
+        time.sleep(0.05)
+        taken_in(*args, **kwargs)
+
+    p.prepare = slow_prepare
+    out = p.propose(batch_for(fresh, hidden, 0, len(fresh) - 1))
+    assert out.rows == 1 and out.drafts[0] and out.timed["chimera"][1] >= 0.05
 
 
 def test_low_bit_copies_take_over_the_draft_models_multiplies():
