@@ -37,7 +37,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     gate = getattr(d, "gate", None)
     if gate is not None:
         out["cost_gate"] = {
-            "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "verify_token_s": gate.c_verify,
+            "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "draft_unit": gate.draft_unit,
+            "verify_token_s": gate.c_verify,
             "drafted_step_overhead_s": gate.c_overhead, "plain_probes": gate.plain_probes,
             "step_table_s": gate.table.means(),
             "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],

@@ -428,7 +428,7 @@ def test_an_ngram_lookup_is_priced_per_row_looked_up():
             gate.drafted(2, 16 * 0.0004, None, None, rows)
         return gate
     row_priced, token_priced = gate_after(16), gate_after(0)
-    assert abs(row_priced.draft_cost() - 0.0004) < 1e-12 and row_priced.c_per_row
+    assert abs(row_priced.draft_cost() - 0.0004) < 1e-12 and row_priced.draft_unit == "row"
     assert abs(row_priced.drafting_seconds(3, 16) - 16 * 0.0004) < 1e-12
     assert row_priced.drafting_seconds(0, 16) == 0.0
     assert abs(token_priced.drafting_seconds(3, 16) - 3 * 16 * 0.0032) < 1e-12

@@ -513,8 +513,12 @@ class CostGate:
         e = self.classes.get(evidence)
         if e is not None and e.c_draft is not None:
             return e.c_draft, "position" if e.per_pass else "token"
-        unit = "row" if self.c_per_row else "position" if self.c_per_pass else "token"
-        return self.c_draft, unit
+        return self.c_draft, self.draft_unit
+
+    @property
+    def draft_unit(self) -> str:
+        """What the call-wide draft cost (``c_draft``) is per: "token", "position" or "row"."""
+        return "row" if self.c_per_row else "position" if self.c_per_pass else "token"
 
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence`` (per draft position where it is
@@ -687,8 +691,8 @@ class CostGate:
             return "cost gate: measuring"
         t0, cv, co = self.t0 or 1.0, self.c_verify or 0.0, self.c_overhead or 0.0
         # a proposer that times every class itself leaves no call-wide draft cost
-        unit = "row" if self.c_per_row else "position" if self.c_per_pass else "token"
-        shared = "" if self.c_draft is None else f"draft {unit} {self.c_draft / t0:.2f} steps, "
+        shared = "" if self.c_draft is None else \
+            f"draft {self.draft_unit} {self.c_draft / t0:.2f} steps, "
         parts = []
         for name in self.classes:
             if not self._counts(name):
