@@ -406,7 +406,7 @@ def test_a_self_draft_is_priced_per_pass_not_per_row():
     # the call's own drafts (plain selfspec labels none) take the same rule
     gate = measured(CostGate(k=8), 0.028, 0.0029)
     gate.drafted(4, 0.032, None, {"": 4})
-    assert gate.c_per_pass and gate.drafting_seconds(2, 4) == 2 * 0.008
+    assert gate.draft_unit == "position" and gate.drafting_seconds(2, 4) == 2 * 0.008
     assert "steps a position" in pass_priced.describe() and "steps a token" in \
         token_priced.describe()
 

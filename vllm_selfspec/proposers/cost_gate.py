@@ -334,8 +334,9 @@ class CostGate:
         self.table = StepTable(c.table_forget, c.table_age, c.table_prior)  # ... its shape
         self.c_draft: float | None = None  # seconds per draft token (drafter's own time)
         self.c_samples = 0
-        self.c_per_pass = False  # c_draft is per draft position (``drafted``'s depth)
-        self.c_per_row = False  # c_draft is per request row looked up (``drafted``'s rows)
+        # what c_draft is per: "token", "position" of a pass every row shares (``drafted``'s
+        # depth) or "row" looked up (``drafted``'s rows)
+        self.draft_unit = "token"
         self.classes: dict[str, _Evidence] = {}
         self.steps = 0
         self.last_time: float | None = None
@@ -458,11 +459,11 @@ class CostGate:
             tokens, seconds = tokens - n, seconds - secs
         if rows > 0:
             self.c_samples += 1
-            self.c_per_pass, self.c_per_row = False, True
+            self.draft_unit = "row"
             self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / rows, self.c_samples)
         elif tokens > 0:
             self.c_samples += 1
-            self.c_per_pass, self.c_per_row = depth.get("", 0) > 0, False
+            self.draft_unit = "position" if depth.get("", 0) > 0 else "token"
             self.c_draft = self._ema(self.c_draft, max(0.0, seconds) / (depth.get("") or tokens),
                                      self.c_samples)
 
@@ -515,11 +516,6 @@ class CostGate:
             return e.c_draft, "position" if e.per_pass else "token"
         return self.c_draft, self.draft_unit
 
-    @property
-    def draft_unit(self) -> str:
-        """What the call-wide draft cost (``c_draft``) is per: "token", "position" or "row"."""
-        return "row" if self.c_per_row else "position" if self.c_per_pass else "token"
-
     def draft_cost(self, evidence: str = "") -> float | None:
         """Seconds per draft token of class ``evidence`` (per draft position where it is
         priced per pass)."""
@@ -545,10 +541,11 @@ class CostGate:
         every step, per class)."""
         upto = self.k if upto is None else upto
         costs = self.step_costs(n) if costs is None else costs
-        c = self.drafting_seconds(1, n, evidence)
+        c, unit = self._price(evidence)
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
-        per_d = self._price(evidence)[1] != "row"  # else the same for every d >= 1
+        c *= 1 if unit == "position" else max(1, n)  # one draft position's seconds
+        per_d = unit != "row"  # else the same for every d >= 1
         return [tokens * costs[0] / (costs[d] + (d * c if per_d else c))
                 for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1)]
 
