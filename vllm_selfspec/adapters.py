@@ -367,7 +367,7 @@ class DirectWalk:
                 if act is None:
                     act = outs[(width, gu.dtype)] = torch.empty(
                         gu.shape[:-1] + (width,), dtype=gu.dtype, device=gu.device)
-                ops.silu_and_mul(act, gu)
+                silu_and_mul(act, gu)
                 h = L["down"](act)
         h, _ = _norm(ops, h, residual, *self.final_norm)
         return h
@@ -503,11 +503,27 @@ def _rms_norm_kernel(norm: nn.Module) -> Callable[..., Any]:
     return forward
 
 
+# rows up to which vLLM's CPU SiLU-and-mul kernel is the faster form: it costs about the
+# same per row at any row count, torch's vectorized SiLU and multiply a fixed part and far
+# less per row (docs/results.md, "SiLU-and-mul")
+KERNEL_SILU_MAX_ROWS = 1
+
+
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out`` = SiLU(x[..., :d]) * x[..., d:] (vLLM's ``SiluAndMul``), for a walk on CPU:
+    ``torch.ops._C.silu_and_mul`` for one row, torch's own ops for more (a pass over
+    several draft tokens or requests)."""
+    d = x.shape[-1] // 2
+    if x.numel() // max(1, x.shape[-1]) <= KERNEL_SILU_MAX_ROWS:
+        torch.ops._C.silu_and_mul(out, x)
+        return out
+    return torch.mul(nn.functional.silu(x[..., :d]), x[..., d:], out=out)
+
+
 def _silu_and_mul_kernel(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
-    torch.ops._C.silu_and_mul(out, x)
-    return out
+    return silu_and_mul(out, x)
 
 
 def _draft_walk(adapter: PreNormDecoderAdapter, skip_attention: frozenset[int],

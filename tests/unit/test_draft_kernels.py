@@ -71,3 +71,31 @@ def test_restored_when_the_walk_raises() -> None:
     with pytest.raises(RuntimeError), kernels.active():
         raise RuntimeError("draft step failed")
     assert [m._forward_method for m, _ in kernels.swaps] == before
+
+
+@pytest.mark.parametrize("rows", [1, 2, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_the_native_form_at_any_row_count(rows: int,
+                                                               dtype: torch.dtype) -> None:
+    """One row goes through vLLM's kernel, more through torch's ops: both are SiLU(g) * u,
+    written into the buffer the walk hands in."""
+    from vllm_selfspec.adapters import silu_and_mul
+
+    _, act, _ = _ops()
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 2 * 96, dtype=dtype)
+    out = torch.full((rows, 96), float("nan"), dtype=dtype)
+    got = silu_and_mul(out, x)
+    assert got.data_ptr() == out.data_ptr()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, act.forward_native(x), rtol=tol, atol=tol)
+
+
+def test_the_kernel_tool_times_each_silu_form_at_each_row_count() -> None:
+    from vllm_selfspec.offline.draft_kernels import silu_times
+
+    got = silu_times([1, 3], 64, torch.float32, min_seconds=0.001)
+    assert [r["rows"] for r in got] == [1, 3]
+    for r in got:
+        assert set(r) == {"rows", "kernel_us", "torch_us", "walk_us"}
+        assert all(r[k] > 0 for k in ("kernel_us", "torch_us", "walk_us"))

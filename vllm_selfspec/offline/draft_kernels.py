@@ -13,6 +13,11 @@ and writes JSON. The engine makes the same measurement at start-up with the mode
 weights and caches it (``vllm_selfspec.draft_weights``); this tool shows it for any model
 without starting one.
 
+It also times SiLU-and-mul over the model's MLP width at several row counts (one row: a
+draft token; more: a pass over several tokens or requests): vLLM's CPU kernel
+(``torch.ops._C.silu_and_mul``), torch's SiLU and multiply, and the form the draft walk
+takes (``adapters.silu_and_mul``).
+
     python tools/draft_kernels.py --model smollm2-135m --json results/draft_weights/kernels-smollm2.json
 """
 
@@ -36,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copies", type=int, default=0,
                    help="weights timed in turn per shape (0: the model's layer count)")
     p.add_argument("--min-seconds", type=float, default=0.05, help="per timed batch")
+    p.add_argument("--silu-rows", default="1,2,4,8,16,32",
+                   help="row counts to time SiLU-and-mul at (empty: skip)")
     p.add_argument("--json", dest="json_out", default=None, help="write the report here")
     return p.parse_args(argv)
 
@@ -65,6 +72,61 @@ def full_kernel(weight: Any) -> Callable[[Any], Any]:
     except ImportError:
         pass
     return lambda x: F.linear(x, weight)
+
+
+def silu_times(rows: list[int], width: int, dtype: Any, min_seconds: float
+               ) -> list[dict[str, float]]:
+    """Microseconds of SiLU-and-mul ([rows, 2·width] -> [rows, width]) per call: vLLM's CPU
+    kernel, torch's ops and ``adapters.silu_and_mul``; [] without vLLM's CPU kernels."""
+    import torch
+
+    try:
+        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+    except ImportError:
+        return []
+    if not hasattr(getattr(torch.ops, "_C", None), "silu_and_mul"):
+        return []
+    out = []
+    for n in tqdm(rows, desc="SiLU-and-mul", unit="shape"):
+        x = torch.randn(n, 2 * width).to(dtype)
+        y = torch.empty(n, width, dtype=dtype)
+        out.append({"rows": n, **_silu_forms(x, y, width, min_seconds)})
+    return out
+
+
+def _silu_forms(x: Any, y: Any, width: int, min_seconds: float) -> dict[str, float]:
+    import torch
+
+    from vllm_selfspec.adapters import silu_and_mul
+
+    forms = {"kernel_us": lambda: torch.ops._C.silu_and_mul(y, x),
+             "torch_us": lambda: torch.mul(torch.nn.functional.silu(x[:, :width]),
+                                           x[:, width:], out=y),
+             "walk_us": lambda: silu_and_mul(y, x)}
+    return {k: round(us, 2) for k, us in _interleaved(forms, min_seconds).items()}
+
+
+def _interleaved(forms: dict[str, Callable[[], Any]], min_seconds: float, rounds: int = 5
+                 ) -> dict[str, float]:
+    """µs per call of each form: ``rounds`` rounds in a rotating order, each form's median
+    round (as ``low_bit.measure_shape`` times the linear kernels)."""
+    import time
+
+    calls = {}
+    for k, f in forms.items():
+        f()
+        t0 = time.perf_counter()
+        f()
+        calls[k] = max(2, int(min_seconds / max(time.perf_counter() - t0, 1e-7)))
+    samples: dict[str, list[float]] = {k: [] for k in forms}
+    names = list(forms)
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(calls[k]):
+                forms[k]()
+            samples[k].append((time.perf_counter() - t0) / calls[k])
+    return {k: sorted(s)[len(s) // 2] * 1e6 for k, s in samples.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -116,12 +178,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {r['layer']} | {r['in']} x {r['out']} | {us} | {picks} |")
     print("matmul ms of one draft token, every layer kept: "
           + ", ".join(f"{dw} {ms / 1000:.2f}" for dw, ms in walk.items()))
+    silu = silu_times([int(r) for r in args.silu_rows.split(",") if r.strip()],
+                      int(cfg["intermediate_size"]), dtype, args.min_seconds)
+    if silu:
+        print("SiLU-and-mul µs by rows (vLLM kernel / torch ops / the walk's): " + ", ".join(
+            f"{r['rows']}: {r['kernel_us']:.1f} / {r['torch_us']:.1f} / {r['walk_us']:.1f}"
+            for r in silu))
     report = {"command": " ".join(shlex.quote(a) for a in ["python", "tools/draft_kernels.py",
                                                           *sys.argv[1:]]),
               "model": args.model, "dtype": args.dtype, "layers": layers, "copies": copies,
               "machine": table.machine, "shapes": rows,
               "draft_token_matmul_ms": {dw: round(ms / 1000, 3) for dw, ms in walk.items()},
-              "kernel_table": table.to_json()}
+              "kernel_table": table.to_json(), "silu_and_mul": silu}
     if args.json_out:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
