@@ -315,13 +315,13 @@ def test_ngrammys_chimera_drafts_context_matches_else_chimera():
     # the cost gate prices the lookups per row looked up, and the states Chimera's drafts
     # read (``prepare``) with Chimera's own tokens, not with the context rows' lookups
     p.finish({"r", "s"})
-    taken_in = p.prepare
+    taken_in = p.extend_green
 
-    def slow_prepare(*args, **kwargs):
+    def slow_intake(*args, **kwargs):
         time.sleep(0.05)
-        taken_in(*args, **kwargs)
+        return taken_in(*args, **kwargs)
 
-    p.prepare = slow_prepare
+    p.extend_green = slow_intake
     out = p.propose(batch_for(fresh, hidden, 0, len(fresh) - 1))
     assert out.rows == 1 and out.drafts[0] and out.timed["chimera"][1] >= 0.05
 

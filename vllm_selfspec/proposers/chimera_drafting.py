@@ -283,19 +283,22 @@ class ChimeraProposer(Proposer):
         self.ingest(pending)
 
     @torch.inference_mode()
-    def prepare(self, batch: DraftBatch, requests: list[Any] | None = None) -> None:
+    def prepare(self, batch: DraftBatch, requests: list[Any] | None = None) -> float:
         """Before drafting: take in the pending mature states and the green states of
-        every known token of ``requests`` (default: the batch's rows that may draft)."""
+        every known token of ``requests`` (default: the batch's rows that may draft).
+        Returns the seconds it took (also added to the ``track_seconds`` stat)."""
         t0 = time.perf_counter()
         try:
             self._take_pending()
-            if batch.token_ids is None or batch.num_tokens is None:
-                return
-            self.extend_green([(r.req_id, torch.from_numpy(
-                batch.token_ids[r.row, : int(batch.num_tokens[r.row])]).long())
-                for r in (batch.requests if requests is None else requests) if r.max_len > 0])
+            if batch.token_ids is not None and batch.num_tokens is not None:
+                self.extend_green([(r.req_id, torch.from_numpy(
+                    batch.token_ids[r.row, : int(batch.num_tokens[r.row])]).long())
+                    for r in (batch.requests if requests is None else requests)
+                    if r.max_len > 0])
         finally:
-            self.stats["track_seconds"] += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.stats["track_seconds"] += seconds
+        return seconds
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> Proposal:
