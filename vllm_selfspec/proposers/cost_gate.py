@@ -127,6 +127,10 @@ class _Evidence:
     accept: list[_Beta]
     probe_every: int
     next_probe: int
+    # reach[i]: of the rows that drafted positions < i and were allowed position i, how many
+    # drafted it (a self-draft's exit threshold, a match shorter than the limit stop rows
+    # before the limit)
+    reach: list[_Beta] = field(default_factory=list)
     limit: int = 0  # drafts this step (plan())
     gain: float = 1.0  # predicted gain of its best length at the last plan() (``worth``)
     probing: bool = False  # its drafts at the last plan() are a probe
@@ -355,7 +359,7 @@ class CostGate:
         if e is None:
             c = self.cfg
             e = _Evidence([_Beta() for _ in range(self.k)], c.probe_every,
-                          max(c.warmup_steps, self.steps))
+                          max(c.warmup_steps, self.steps), reach=[_Beta() for _ in range(self.k)])
             self.classes[name] = e
         return e
 
@@ -476,15 +480,22 @@ class CostGate:
             self._plain_until = -1
             f = self.cfg.forget
             for e in self.classes.values():
-                for b in e.accept:
+                for b in (*e.accept, *e.reach):
                     b.hits *= f
                     b.tries *= f
-        curve = self._evidence(evidence).accept
+        e = self._evidence(evidence)
+        curve = e.accept
         for i in range(min(drafted, self.k)):
             if i > accepted:
                 break
             curve[i].tries += 1
             curve[i].hits += float(i < accepted)
+        if age:  # a shadow's length is its match's, not one drafted under the class's limit
+            for i in range(min(e.limit, self.k)):  # the limit it drafted under (last plan())
+                e.reach[i].tries += 1
+                e.reach[i].hits += float(i < drafted)
+                if i >= drafted:
+                    break
 
     # ---- decision ----------------------------------------------------------------------------
     def acceptance(self, i: int, optimistic: bool = True, evidence: str = "") -> float:
@@ -496,6 +507,25 @@ class CostGate:
         if not optimistic:
             return mean
         return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
+
+    def reach(self, i: int, evidence: str = "") -> float:
+        """Share of the rows of class ``evidence`` that draft position i when they drafted
+        positions < i and the limit allows it (a Beta mean whose prior is 1: every row
+        drafts up to its limit until seen otherwise)."""
+        e = self.classes.get(evidence)
+        if e is None or not e.reach:
+            return 1.0
+        b, w = e.reach[i], self.cfg.prior_weight
+        return (b.hits + w) / (b.tries + w)
+
+    def _reached(self, upto: int, evidence: str) -> list[float]:
+        """R_i, i = 0..upto-1: the share of a class's rows whose drafts reach position i
+        under a limit above i (the products of ``reach``)."""
+        out, run = [], 1.0
+        for i in range(upto):
+            run *= self.reach(i, evidence)
+            out.append(run)
+        return out
 
     def step_costs(self, n: int) -> list[float] | None:
         """Seconds of a step with n requests each verifying d drafts, d = 0..k (d = 0: a
@@ -535,26 +565,39 @@ class CostGate:
 
     def _gains(self, n: int, optimistic: bool = True, upto: int | None = None,
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
-        """Predicted gain of d = 1..upto drafts for each of n requests: expected tokens
-        over the drafted step's seconds (``step_costs``) plus n d draft tokens' drafting,
-        against one token per plain step, in one pass over the acceptance products (runs
-        every step, per class)."""
+        """Predicted gain of a limit of d = 1..upto drafts for each of n requests: expected
+        tokens over the drafted step's seconds (``step_costs``, at the drafts the rows are
+        expected to reach, ``_reached``) plus their drafting, against one token per plain
+        step, in one pass over the acceptance products (runs every step, per class). A
+        class priced per pass pays for the deepest of its n rows: position i is drafted
+        while any row reaches it, 1 - (1 - R_i)^n of the time."""
         upto = self.k if upto is None else upto
         costs = self.step_costs(n) if costs is None else costs
         c, unit = self._price(evidence)
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
-        c *= 1 if unit == "position" else max(1, n)  # one draft position's seconds
-        per_d = unit != "row"  # else the same for every d >= 1
-        return [tokens * costs[0] / (costs[d] + (d * c if per_d else c))
-                for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1)]
+        n = max(1, n)
+        reached = self._reached(upto, evidence)
+        gains, drafts, passes = [], 0.0, 0.0
+        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1):
+            r = reached[d - 1]
+            drafts += r  # drafts a row is expected to verify
+            passes += 1.0 - (1.0 - r) ** n
+            lo = min(int(drafts), len(costs) - 1)
+            hi = min(lo + 1, len(costs) - 1)
+            step = costs[lo] + (drafts - lo) * (costs[hi] - costs[lo])
+            drafting = c * n if unit == "row" else \
+                c * (passes if unit == "position" else n * drafts)
+            gains.append(tokens * costs[0] / (step + drafting))
+        return gains
 
     def _expected_tokens(self, upto: int, optimistic: bool, evidence: str) -> list[float]:
-        """Expected tokens a step gives with d = 1..upto drafts of class ``evidence``: 1 plus
-        the products of the per-position acceptances (one pass)."""
+        """Expected tokens a step gives with a limit of d = 1..upto drafts of class
+        ``evidence``: 1 plus the products, over the positions before, of each position's
+        reach and acceptance (one pass)."""
         out, tokens, run = [], 1.0, 1.0
         for i in range(upto):
-            run *= self.acceptance(i, optimistic, evidence)
+            run *= self.acceptance(i, optimistic, evidence) * self.reach(i, evidence)
             tokens += run
             out.append(tokens)
         return out
