@@ -43,9 +43,14 @@ from memory-bound into compute-bound (docs/results.md, "Several requests in flig
 single plain-step time and a per-token extra, as the gate had, took the plain step from
 the warm-up at one request and under-charged verification several-fold.
 
-It drafts the d that maximizes the expected token rate of a step with n requests
-drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j) / (T(n (1 + d)) + n d c_d)`` (``d c_d`` for
-a self-draft, whose passes draft one position for all rows at once), when that
+* r_i, the reach of draft position i: of the rows allowed position i that drafted the ones
+  before it, the share that drafted it (a self-draft's exit threshold and a context match
+  shorter than the limit stop rows early), per evidence class; R_i = prod_{j<=i} r_j.
+
+It drafts up to the d that maximizes the expected token rate of a step with n requests
+drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j r_j) / (T(n (1 + sum_{i<=d} R_i)) +
+n sum_{i<=d} R_i c_d)`` (``sum_{i<=d} (1 - (1 - R_i)^n) c_d`` for a self-draft, whose passes
+draft one position for all rows at once and run while any row drafts), when that
 beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound,
 so positions seldom drafted keep being tried, and untried step sizes read a little
 cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
