@@ -98,35 +98,13 @@ def _silu_forms(x: Any, y: Any, width: int, min_seconds: float) -> dict[str, flo
     import torch
 
     from vllm_selfspec.adapters import silu_and_mul
+    from vllm_selfspec.proposers.low_bit import time_interleaved
 
     forms = {"kernel_us": lambda: torch.ops._C.silu_and_mul(y, x),
              "torch_us": lambda: torch.mul(torch.nn.functional.silu(x[:, :width]),
                                            x[:, width:], out=y),
              "walk_us": lambda: silu_and_mul(y, x)}
-    return {k: round(us, 2) for k, us in _interleaved(forms, min_seconds).items()}
-
-
-def _interleaved(forms: dict[str, Callable[[], Any]], min_seconds: float, rounds: int = 5
-                 ) -> dict[str, float]:
-    """µs per call of each form: ``rounds`` rounds in a rotating order, each form's median
-    round (as ``low_bit.measure_shape`` times the linear kernels)."""
-    import time
-
-    calls = {}
-    for k, f in forms.items():
-        f()
-        t0 = time.perf_counter()
-        f()
-        calls[k] = max(2, int(min_seconds / max(time.perf_counter() - t0, 1e-7)))
-    samples: dict[str, list[float]] = {k: [] for k in forms}
-    names = list(forms)
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(calls[k]):
-                forms[k]()
-            samples[k].append((time.perf_counter() - t0) / calls[k])
-    return {k: sorted(s)[len(s) // 2] * 1e6 for k, s in samples.items()}
+    return {k: round(us, 2) for k, us in time_interleaved(forms, min_seconds).items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -130,12 +130,12 @@ class _Evidence:
     """One evidence class: its acceptance curve, draft length and probe clock."""
 
     accept: list[_Beta]
-    probe_every: int
-    next_probe: int
     # reach[i]: of the rows that drafted positions < i and were allowed position i, how many
     # drafted it (a self-draft's exit threshold, a match shorter than the limit stop rows
     # before the limit)
-    reach: list[_Beta] = field(default_factory=list)
+    reach: list[_Beta]
+    probe_every: int
+    next_probe: int
     limit: int = 0  # drafts this step (plan())
     gain: float = 1.0  # predicted gain of its best length at the last plan() (``worth``)
     probing: bool = False  # its drafts at the last plan() are a probe
@@ -363,8 +363,8 @@ class CostGate:
         e = self.classes.get(name)
         if e is None:
             c = self.cfg
-            e = _Evidence([_Beta() for _ in range(self.k)], c.probe_every,
-                          max(c.warmup_steps, self.steps), reach=[_Beta() for _ in range(self.k)])
+            e = _Evidence([_Beta() for _ in range(self.k)], [_Beta() for _ in range(self.k)],
+                          c.probe_every, max(c.warmup_steps, self.steps))
             self.classes[name] = e
         return e
 
@@ -518,19 +518,14 @@ class CostGate:
         positions < i and the limit allows it (a Beta mean whose prior is 1: every row
         drafts up to its limit until seen otherwise)."""
         e = self.classes.get(evidence)
-        if e is None or not e.reach:
+        if e is None:
             return 1.0
         b, w = e.reach[i], self.cfg.prior_weight
         return (b.hits + w) / (b.tries + w)
 
-    def _reached(self, upto: int, evidence: str) -> list[float]:
-        """R_i, i = 0..upto-1: the share of a class's rows whose drafts reach position i
-        under a limit above i (the products of ``reach``)."""
-        out, run = [], 1.0
-        for i in range(upto):
-            run *= self.reach(i, evidence)
-            out.append(run)
-        return out
+    def _reaches(self, upto: int, evidence: str) -> list[float]:
+        """r_i, i = 0..upto-1 (``reach``), taken once for one pass over the positions."""
+        return [self.reach(i, evidence) for i in range(upto)]
 
     def step_costs(self, n: int) -> list[float] | None:
         """Seconds of a step with n requests each verifying d drafts, d = 0..k (d = 0: a
@@ -572,7 +567,7 @@ class CostGate:
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
         """Predicted gain of a limit of d = 1..upto drafts for each of n requests: expected
         tokens over the drafted step's seconds (``step_costs``, at the drafts the rows are
-        expected to reach, ``_reached``) plus their drafting, against one token per plain
+        expected to reach: R_i, the products of ``reach``) plus their drafting, against one token per plain
         step, in one pass over the acceptance products (runs every step, per class). A
         class priced per pass pays for the deepest of its n rows: position i is drafted
         while any row reaches it, 1 - (1 - R_i)^n of the time."""
@@ -582,10 +577,10 @@ class CostGate:
         if costs is None or c is None or costs[0] <= 0:
             return [1.0] * upto
         n = max(1, n)
-        reached = self._reached(upto, evidence)
-        gains, drafts, passes = [], 0.0, 0.0
-        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence), 1):
-            r = reached[d - 1]
+        reaches = self._reaches(upto, evidence)
+        gains, drafts, passes, r = [], 0.0, 0.0, 1.0
+        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence, reaches), 1):
+            r *= reaches[d - 1]  # R_d: the share of rows that draft position d
             drafts += r  # drafts a row is expected to verify
             passes += 1.0 - (1.0 - r) ** n
             lo = min(int(drafts), len(costs) - 1)
@@ -596,13 +591,15 @@ class CostGate:
             gains.append(tokens * costs[0] / (step + drafting))
         return gains
 
-    def _expected_tokens(self, upto: int, optimistic: bool, evidence: str) -> list[float]:
+    def _expected_tokens(self, upto: int, optimistic: bool, evidence: str,
+                         reaches: list[float] | None = None) -> list[float]:
         """Expected tokens a step gives with a limit of d = 1..upto drafts of class
         ``evidence``: 1 plus the products, over the positions before, of each position's
-        reach and acceptance (one pass)."""
+        reach (``reaches``, when the caller took them) and acceptance (one pass)."""
+        reaches = self._reaches(upto, evidence) if reaches is None else reaches
         out, tokens, run = [], 1.0, 1.0
         for i in range(upto):
-            run *= self.acceptance(i, optimistic, evidence) * self.reach(i, evidence)
+            run *= self.acceptance(i, optimistic, evidence) * reaches[i]
             tokens += run
             out.append(tokens)
         return out

@@ -470,25 +470,40 @@ def measure_shape(full: Sequence[Callable[[torch.Tensor], torch.Tensor]],
     for fmt in (forms[0] if forms else {}):
         if all(fmt in f for f in forms):
             runs[fmt] = [f[fmt] for f in forms]
+
+    def every_layer(fns: list[Callable[[torch.Tensor], torch.Tensor]]) -> Callable[[], None]:
+        def call() -> None:
+            for f in fns:
+                f(x)
+        return call
+
+    times = time_interleaved({fmt: every_layer(fns) for fmt, fns in runs.items()},
+                             min_seconds, rounds)
+    return {fmt: us / len(runs[fmt]) for fmt, us in times.items()}
+
+
+def time_interleaved(forms: Mapping[str, Callable[[], Any]], min_seconds: float,
+                     rounds: int = 5) -> dict[str, float]:
+    """µs per call of each of ``forms``: after a warm-up call, as many calls per round as
+    one timed call says fill ``min_seconds``; ``rounds`` rounds in a rotating order, each
+    form keeping its median round, so a swing of the machine (the other core busy) hits
+    every form alike."""
     calls: dict[str, int] = {}
-    for fmt, fns in runs.items():  # warm up; calls per round from one timed call
-        for f in fns:
-            f(x)
+    for name, f in forms.items():
+        f()
         t0 = time.perf_counter()
-        for f in fns:
-            f(x)
-        calls[fmt] = max(2, int(min_seconds / max(time.perf_counter() - t0, 1e-7)))
-    samples: dict[str, list[float]] = {fmt: [] for fmt in runs}
-    names = list(runs)
+        f()
+        calls[name] = max(2, int(min_seconds / max(time.perf_counter() - t0, 1e-7)))
+    samples: dict[str, list[float]] = {name: [] for name in forms}
+    names = list(forms)
     for r in range(rounds):
-        for fmt in names[r % len(names):] + names[: r % len(names)]:
-            fns = runs[fmt]
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            f = forms[name]
             t0 = time.perf_counter()
-            for _ in range(calls[fmt]):
-                for f in fns:
-                    f(x)
-            samples[fmt].append((time.perf_counter() - t0) / (calls[fmt] * len(fns)))
-    return {fmt: sorted(s)[len(s) // 2] * 1e6 for fmt, s in samples.items()}
+            for _ in range(calls[name]):
+                f()
+            samples[name].append((time.perf_counter() - t0) / calls[name])
+    return {name: sorted(v)[len(v) // 2] * 1e6 for name, v in samples.items()}
 
 
 def choose_forms(weights: Mapping[str, torch.Tensor], draft_weights: str,
