@@ -297,8 +297,10 @@ def test_a_step_larger_than_any_seen_is_priced_not_taken_for_a_stall():
     gate, plan = sixteen_in_flight([0.6] * 8)  # at 16, drafting loses with this acceptance
     assert sum(plan[:20]) <= 16, plan[:20]  # one step at the old price, then probes (was ~120)
     assert abs(gate.c_verify - 0.0019) < 0.0002
-    gate, plan = sixteen_in_flight([0.9] * 8)  # ... and pays with this one
-    assert 2 <= sum(plan[100:]) / 100 <= 6
+    gate, plan = sixteen_in_flight([0.9] * 8)  # ... and pays with this one: 2 to 4 drafts
+    # give rates within 2.5% of each other here (one in 32 steps decodes plainly)
+    drafted = [d for d in plan[100:] if d]
+    assert len(drafted) >= 90 and all(2 <= d <= 6 for d in drafted), plan[100:]
 
 
 def test_a_stalled_step_is_left_out_and_a_lasting_slowdown_taken_up():
@@ -626,3 +628,25 @@ def test_a_pass_over_many_rows_runs_while_its_deepest_row_drafts():
         1.05 * mixed.predicted_gain(8, False, 16, "selfspec")
     assert abs(full.predicted_gain(8, False, 1, "selfspec")
                - full.predicted_gain(8, False, 16, "selfspec")) < 1e-9
+
+
+def test_optimism_probes_deep_positions_at_one_request_not_under_a_batch():
+    """A first draft position seen 8 times, accepted twice: at one request in flight a
+    verified token is nearly free and the upper bound (``ucb``) keeps such positions tried;
+    at 4 in flight a verified token costs a quarter of each request's share of a step, and
+    drafting on that optimism lost (`ngrammys-history`, 4 in flight: 2.6-7.3% slower with
+    ``ucb`` 1 than 0, 25-55% more draft tokens for 10-20% more accepted). Under a batch the
+    gate reads the mean (``ucb_batch``)."""
+    def gate(cfg: CostGateConfig) -> CostGate:
+        g = measured(CostGate(k=8, cfg=cfg), 0.028, 0.0029)  # the step at 4 in flight
+        g.c_draft = 1e-5
+        for accepted in (0, 0, 0, 1) * 2:
+            g.observe(8, accepted)
+        return g
+
+    mean_under_batch, optimistic = gate(CostGateConfig()), gate(CostGateConfig(ucb_batch=1.0))
+    g = mean_under_batch
+    assert g.acceptance(0, True, n=1) > g.acceptance(0, False) + 0.1
+    assert g.acceptance(0, True, n=4) == g.acceptance(0, False)
+    assert g.best(1)[0] > 0 and g.best(1) == optimistic.best(1)  # one request: as before
+    assert g.best(4)[0] == 0 and optimistic.best(4)[0] > 0  # the bound alone made it pay

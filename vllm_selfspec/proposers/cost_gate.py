@@ -84,7 +84,11 @@ class CostGateConfig:
     # look dear for hundreds of steps, and a gate that decodes plainly gets few samples to
     # correct it; an estimate too low corrects itself within a few drafted steps
     early_timing: int = 3
-    ucb: float = 1.0  # standard deviations of optimism on a_i
+    ucb: float = 1.0  # standard deviations of optimism on a_i, one request drafting ...
+    # ... and with several: there a verified token costs a larger share of each request's
+    # step, and optimism that pays for probing deep positions at one request drafts tokens
+    # that lose under a batch
+    ucb_batch: float = 0.0
     margin: float = 0.02  # draft when the predicted rate beats plain by this share
     warmup_steps: int = 4  # plain steps before the first probe (to know t0)
     probe_every: int = 8  # P: steps between probes while plain decoding wins ...
@@ -503,15 +507,20 @@ class CostGate:
                     break
 
     # ---- decision ----------------------------------------------------------------------------
-    def acceptance(self, i: int, optimistic: bool = True, evidence: str = "") -> float:
+    def acceptance(self, i: int, optimistic: bool = True, evidence: str = "",
+                   n: int = 1) -> float:
+        """a_i of class ``evidence``: its Beta mean, read at an upper confidence bound
+        (``ucb`` standard deviations with one request drafting, ``ucb_batch`` with n > 1)
+        where ``optimistic``."""
         c = self.cfg
         e = self.classes.get(evidence)
         b = e.accept[i] if e is not None else _Beta()
-        n = b.tries + c.prior_weight
-        mean = (b.hits + c.prior_accept * c.prior_weight) / n
+        w = b.tries + c.prior_weight
+        mean = (b.hits + c.prior_accept * c.prior_weight) / w
         if not optimistic:
             return mean
-        return min(1.0, mean + c.ucb * math.sqrt(mean * (1 - mean) / (n + 1)))
+        z = c.ucb if n <= 1 else c.ucb_batch
+        return min(1.0, mean + z * math.sqrt(mean * (1 - mean) / (w + 1)))
 
     def reach(self, i: int, evidence: str = "") -> float:
         """Share of the rows of class ``evidence`` that draft position i when they drafted
@@ -579,7 +588,8 @@ class CostGate:
         n = max(1, n)
         reaches = self._reaches(upto, evidence)
         gains, drafts, passes, r = [], 0.0, 0.0, 1.0
-        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence, reaches), 1):
+        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence,
+                                                         reaches, n), 1):
             r *= reaches[d - 1]  # R_d: the share of rows that draft position d
             drafts += r  # drafts a row is expected to verify
             passes += 1.0 - (1.0 - r) ** n
@@ -592,14 +602,14 @@ class CostGate:
         return gains
 
     def _expected_tokens(self, upto: int, optimistic: bool, evidence: str,
-                         reaches: list[float] | None = None) -> list[float]:
+                         reaches: list[float] | None = None, n: int = 1) -> list[float]:
         """Expected tokens a step gives with a limit of d = 1..upto drafts of class
         ``evidence``: 1 plus the products, over the positions before, of each position's
         reach (``reaches``, when the caller took them) and acceptance (one pass)."""
         reaches = self._reaches(upto, evidence) if reaches is None else reaches
         out, tokens, run = [], 1.0, 1.0
         for i in range(upto):
-            run *= self.acceptance(i, optimistic, evidence) * reaches[i]
+            run *= self.acceptance(i, optimistic, evidence, n) * reaches[i]
             tokens += run
             out.append(tokens)
         return out
