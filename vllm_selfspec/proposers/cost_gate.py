@@ -51,9 +51,10 @@ It drafts up to the d that maximizes the expected token rate of a step with n re
 drafting, ``n (1 + sum_{i<=d} prod_{j<=i} a_j r_j) / (T(n (1 + sum_{i<=d} R_i)) +
 n sum_{i<=d} R_i c_d)`` (``sum_{i<=d} (1 - (1 - R_i)^n) c_d`` for a self-draft, whose passes
 draft one position for all rows at once and run while any row drafts), when that
-beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound,
-so positions seldom drafted keep being tried, and untried step sizes read a little
-cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
+beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound
+while one request drafts (``ucb``), so positions seldom drafted keep being tried, and its
+mean while several do (``ucb_batch``: there a verified token costs a larger share of each
+request's step), and untried step sizes read a little cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
 tokens every P steps (P doubling, up to ``max_probe_every``, and never sooner than the
 probe's predicted loss over ``probe_budget``), which keeps a_1 and c_d current for about
 half a percent of the time where drafting cannot win. Each evidence class has its own d and
