@@ -54,10 +54,11 @@ draft one position for all rows at once and run while any row drafts), when that
 beats plain decoding (n / T(n)) by ``margin``; acceptance uses an upper confidence bound
 while one request drafts (``ucb``), so positions seldom drafted keep being tried, and its
 mean while several do (``ucb_batch``: there a verified token costs a larger share of each
-request's step), and untried step sizes read a little cheaper, so they get timed. While plain decoding wins, one probe step drafts 1 or 2
-tokens every P steps (P doubling, up to ``max_probe_every``, and never sooner than the
-probe's predicted loss over ``probe_budget``), which keeps a_1 and c_d current for about
-half a percent of the time where drafting cannot win. Each evidence class has its own d and
+request's step), and untried step sizes read a little cheaper, so they get timed. While
+plain decoding wins, one probe step drafts 1 or 2 tokens every P steps (P doubling, up to
+``max_probe_every``, and never sooner than the probe's predicted loss over
+``probe_budget``), which keeps a_1 and c_d current for about half a percent of the time
+where drafting cannot win. Each evidence class has its own d and
 its own probe clock.
 """
 
@@ -577,8 +578,9 @@ class CostGate:
                evidence: str = "", costs: list[float] | None = None) -> list[float]:
         """Predicted gain of a limit of d = 1..upto drafts for each of n requests: expected
         tokens over the drafted step's seconds (``step_costs``, at the drafts the rows are
-        expected to reach: R_i, the products of ``reach``) plus their drafting, against one token per plain
-        step, in one pass over the acceptance products (runs every step, per class). A
+        expected to reach: R_i, the products of ``reach``) plus their drafting, against one
+        token per plain step, in one pass over the acceptance products (runs every step, per
+        class), each read as ``acceptance`` reads it for n requests. A
         class priced per pass pays for the deepest of its n rows: position i is drafted
         while any row reaches it, 1 - (1 - R_i)^n of the time."""
         upto = self.k if upto is None else upto
