@@ -40,6 +40,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
             "plain_step_s": gate.t0, "draft_token_s": gate.c_draft, "draft_unit": gate.draft_unit,
             "verify_token_s": gate.c_verify,
             "drafted_step_overhead_s": gate.c_overhead, "plain_probes": gate.plain_probes,
+            "mix_plain_steps": gate.mix_plain, "mix_classes_held": gate.mix_dropped,
+            "shares": {name: round(gate.share(name), 4) for name in gate.shares},
             "step_table_s": gate.table.means(),
             "acceptance": [round(gate.acceptance(i, False), 4) for i in range(gate.k)],
             "classes": {name: {"acceptance": [round(gate.acceptance(i, False, name), 4)

@@ -84,6 +84,14 @@ def decode_only(scheduler_output: Any) -> bool:
     return bool(scheduled) and all(n == 1 + len(spec.get(rid, ())) for rid, n in scheduled.items())
 
 
+def _source(proposal: Proposal, row: int) -> str | None:
+    """The evidence class row ``row`` drafted from, or could have under a longer limit (a
+    labelled proposer names the class it capped to nothing); None: no source."""
+    if proposal.evidence is not None:
+        return proposal.evidence[row] or (None if not proposal.drafts[row] else "")
+    return "" if proposal.drafts[row] else None
+
+
 def safe_propose(proposer: Proposer, batch: DraftBatch, draft: bool = True) -> Proposal:
     """``proposer.propose(batch)`` (``proposer.track(batch)`` when this step drafts
     nothing), or no drafts if it raises (logged once)."""
@@ -303,6 +311,8 @@ class PluginDrafter:
             self.gate.skip_timing()
         self._drafted(sum(len(d) for d in proposal.drafts), seconds - stall, proposal.timed,
                       proposal.depth, proposal.rows)
+        if self.gate is not None:
+            self.gate.landed([_source(proposal, r.row) for r in batch.requests])
         if proposal.evidence is not None and self.gate is not None:
             for req_id, draft, label in zip(ctx.req_ids, proposal.drafts, proposal.evidence):
                 if draft:

@@ -650,3 +650,33 @@ def test_optimism_probes_deep_positions_at_one_request_not_under_a_batch():
     assert g.acceptance(0, True, n=4) == g.acceptance(0, False)
     assert g.best(1)[0] > 0 and g.best(1) == optimistic.best(1)  # one request: as before
     assert g.best(4)[0] == 0 and optimistic.best(4)[0] > 0  # the bound alone made it pay
+
+
+def test_a_class_few_requests_draft_from_does_not_pay_a_drafted_steps_overhead():
+    """Each class is judged as if every request drafted from it. At 16 in flight a drafted
+    step costs what any drafted step adds (here 4 ms over a 48 ms plain step; the gate
+    measured that on MT-bench at 16 in flight, where `ngrammys-history` then ran at 0.95x
+    plain decoding), and when one request in 16 has a sure context match, the step pays all
+    of it for that one row's tokens. The step's mix of classes (``landed``) decides."""
+    a, b, o = 0.016, 0.002, 0.004  # seconds: a + b x, and o more for a drafted step
+
+    def gate(sure_rows: int) -> CostGate:
+        g = CostGate(k=8)
+        g.fit = exact_fit(a, b)
+        for x in range(1, 65):
+            g.table.cells[(x, False)] = [1e6, 1e6 * (a + b * x), 1e9]
+            g.table.cells[(x, True)] = [1e6, 1e6 * (a + b * x + o), 1e9]
+        g.c_draft = 1e-5
+        for _ in range(100):
+            g.observe(2, 2, "sure")
+        for _ in range(20):
+            g.landed(["sure"] * sure_rows + [None] * (16 - sure_rows))
+        g.steps = g.last_plain = 100  # past the warm-up, a plain step just timed
+        return g
+
+    alone, half = gate(1), gate(8)
+    assert alone.best(16, "sure")[0] >= 2  # as if every request drafted from it: it pays
+    assert abs(alone.share("sure") - 1 / 16) < 1e-9
+    assert alone.plan(16) == 0 and alone.mix_plain == 1  # one row: +2 tokens for +0.008 s
+    assert half.plan(16) >= 2 and half.mix_plain == 0
+    assert alone.plan(1) >= 2  # one request in flight: its own class decides

@@ -59,7 +59,9 @@ plain decoding wins, one probe step drafts 1 or 2 tokens every P steps (P doubli
 ``max_probe_every``, and never sooner than the probe's predicted loss over
 ``probe_budget``), which keeps a_1 and c_d current for about half a percent of the time
 where drafting cannot win. Each evidence class has its own d and
-its own probe clock.
+its own probe clock. With several requests the classes' lengths are then checked for the
+step as a whole (``_check_mix``): each class drafts for its recent share of the requests,
+and what a drafted step adds and an n-gram lookup of every request are paid once.
 """
 
 from __future__ import annotations
@@ -123,6 +125,11 @@ class CostGateConfig:
     table_age: float = 0.995
     table_prior: float = 1.0
     table_optimism: float = 0.05  # a drafted cell with w samples reads (1 - this/(1 + w)) x
+    # the share of a step's requests each class drafts for: a forgetting mean per step
+    # (``landed``), read by the step's check of its class mix (``mixed_gain``) once it has
+    # this many steps
+    share_forget: float = 0.95
+    share_steps: int = 8
 
 
 @dataclass
@@ -360,6 +367,11 @@ class CostGate:
         self.batch = 1  # requests drafting at the last plan()
         self.last_plain = 0  # step of the last timed plain step
         self.plain_probes = 0
+        self.shares: dict[str, float] = {}  # per class, its forgetting sum of row shares ...
+        self._share_weight = 0.0  # ... over this
+        self.share_steps = 0
+        self.mix_plain = 0  # steps the class mix kept plain
+        self.mix_dropped = 0  # classes it held back on steps that drafted
         self.history: list[tuple[int, int, float]] = []  # (step, drafts, predicted gain)
         self._plain_until = -1  # plan() may answer 0 without deciding before this step
         self._plain_batch = 0
@@ -673,6 +685,8 @@ class CostGate:
             if self._counts(name):
                 top, top_gain = max(top, d), max(top_gain, gain)
         c = self.cfg
+        if top and warm and self.batch > 1:
+            top = self._check_mix(costs)
         every = c.reverse_every if top_gain < c.reverse_below else c.reverse_every_above
         if top and warm and self.steps - self.last_plain >= every:
             top, self.last_plain = 0, self.steps  # (timed at the next record())
@@ -686,6 +700,90 @@ class CostGate:
             self._plain_until = self.steps + c.plain_recheck
             self._plain_batch = self.batch
         return top
+
+    def landed(self, labels: list[str | None]) -> None:
+        """The classes a drafting step's requests drafted from (a row's evidence class;
+        None: no source had a draft for it), one per request that could draft."""
+        if not labels:
+            return
+        f, n = self.cfg.share_forget, len(labels)
+        counts: dict[str, int] = {}
+        for name in labels:
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+        for name in set(self.shares) | set(counts):
+            self.shares[name] = f * self.shares.get(name, 0.0) + (1 - f) * counts.get(name, 0) / n
+        self._share_weight = f * self._share_weight + (1 - f)
+        self.share_steps += 1
+
+    def share(self, evidence: str) -> float:
+        """Share of a step's requests that draft from class ``evidence`` (``landed``)."""
+        w = self._share_weight
+        return self.shares.get(evidence, 0.0) / w if w > 0 else 0.0
+
+    def mixed_gain(self, n: int, limits: dict[str, int], costs: list[float]) -> float | None:
+        """Predicted token rate of a step of n requests over plain decoding's, each class
+        drafting up to ``limits[class]`` for its share of the requests (``share``), acceptance
+        read at its mean: the step's drafted tokens, its drafting (an n-gram lookup priced
+        per row is paid for every request once any class drafts) and what a drafted step adds
+        (StepFit's o, in the step table) counted once for the step, where ``_gains`` prices
+        each class as if every request drafted from it. None until the shares are known."""
+        if self.share_steps < self.cfg.share_steps or costs[0] <= 0:
+            return None
+        tokens, drafts, drafting, lookup = float(n), 0.0, 0.0, False
+        for name, d in limits.items():
+            m = n * self.share(name)
+            c, unit = self._price(name)
+            if d <= 0 or m <= 0 or c is None:
+                continue
+            reaches = self._reaches(d, name)
+            tokens += m * (self._expected_tokens(d, False, name, reaches, n)[-1] - 1.0)
+            r, per_row, passes = 1.0, 0.0, 0.0
+            for i in range(d):
+                r *= reaches[i]
+                per_row += r
+                passes += 1.0 - (1.0 - r) ** max(1.0, m)
+            drafts += m * per_row
+            if unit == "row":
+                lookup = True
+            else:
+                drafting += c * (passes if unit == "position" else m * per_row)
+        if drafts <= 0:
+            return None
+        if lookup and self.c_draft is not None:
+            drafting += self.c_draft * n
+        x = n + drafts
+        lo = int(x)
+        step = self.step_seconds(lo, True) + (x - lo) * (self.step_seconds(lo + 1, True)
+                                                        - self.step_seconds(lo, True))
+        return tokens * costs[0] / (n * (step + drafting))
+
+    def _check_mix(self, costs: list[float] | None) -> int:
+        """With several requests: hold back the classes, least predicted gain first, whose
+        drafts make the step's mix (``mixed_gain``) slower, and every class where no mix beats
+        plain decoding by ``margin``; a class on its probe step always drafts. Returns the
+        step's largest limit."""
+        counted = {name: e for name, e in self.classes.items() if self._counts(name)}
+        if costs is None or any(e.probing and e.limit > 0 for e in counted.values()):
+            return max(e.limit for e in counted.values())
+        limits = {name: e.limit for name, e in counted.items() if e.limit > 0}
+        best_g = self.mixed_gain(self.batch, limits, costs)
+        if best_g is None:
+            return max(limits.values())
+        best = dict(limits)
+        for name in sorted(limits, key=lambda k: counted[k].gain)[:-1]:
+            del limits[name]
+            g = self.mixed_gain(self.batch, limits, costs)
+            if g is not None and g > best_g:
+                best_g, best = g, dict(limits)
+        if best_g < 1.0 + self.cfg.margin:
+            best = {}
+            self.mix_plain += 1
+        for name, e in counted.items():
+            if e.limit > 0 and name not in best:
+                e.limit = 0
+                self.mix_dropped += int(bool(best))
+        return max(best.values(), default=0)
 
     def _probe_length(self, evidence: str, costs: list[float] | None) -> int:
         """Drafts of a probe step: 1 or 2, whichever makes the cheaper step with its

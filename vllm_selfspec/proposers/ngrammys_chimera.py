@@ -110,9 +110,9 @@ class NGrammysChimeraProposer(DraftsFromPastRequests, ChimeraProposer):
                     self.stats["from_" + label.split(":")[0]] += 1
             else:
                 r.max_len = batch.cap(r, "chimera")
+                evidence[r.row] = "chimera"  # (held back too: the class this row is in)
                 if r.max_len > 0:
                     rest.append(r)
-                    evidence[r.row] = "chimera"
         # Chimera's to pay: taking in the states its drafts read
         intake = self.prepare(batch, rest) if rest else 0.0
         ready = self.ready(rest)

@@ -172,6 +172,8 @@ class NGrammysSelfSpecProposer(SelfSpecProposer):
                                                   [int(t) for t in rows[0][: self.k]])
                     if self.cfg.matches != UNGUESSED:
                         guesses[r.row] = rows[0]
+            else:  # both held back: the class this row is in (CostGate.landed)
+                evidence[r.row] = labels[0] if rows else SELF_DRAFT
         probs, timed, depth = None, None, None
         if rest:
             t0 = time.perf_counter()
