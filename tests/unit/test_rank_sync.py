@@ -232,6 +232,8 @@ class Gate:
 
     def drafted(self, *a: Any) -> None: ...
 
+    def landed(self, *a: Any) -> None: ...
+
     def plan(self, n: int = 1) -> int:
         return self.limit
 
