@@ -721,36 +721,44 @@ class CostGate:
         w = self._share_weight
         return self.shares.get(evidence, 0.0) / w if w > 0 else 0.0
 
-    def mixed_gain(self, n: int, limits: dict[str, int], costs: list[float]) -> float | None:
-        """Predicted token rate of a step of n requests over plain decoding's, each class
-        drafting up to ``limits[class]`` for its share of the requests (``share``), acceptance
-        read at its mean: the step's drafted tokens, its drafting (an n-gram lookup priced
-        per row is paid for every request once any class drafts) and what a drafted step adds
-        (StepFit's o, in the step table) counted once for the step, where ``_gains`` prices
-        each class as if every request drafted from it. None until the shares are known."""
-        if self.share_steps < self.cfg.share_steps or costs[0] <= 0:
-            return None
-        tokens, drafts, drafting, lookup = float(n), 0.0, 0.0, False
+    def _mix_terms(self, n: int, limits: dict[str, int]
+                   ) -> dict[str, tuple[float, float, float, bool]]:
+        """Per class drafting up to ``limits[class]`` for its share of n requests
+        (``share``), acceptance read at its mean: (expected extra tokens, draft tokens,
+        drafting seconds, whether it is an n-gram lookup priced per row). Taken once a step
+        and summed over each mix ``_check_mix`` tries."""
+        out = {}
         for name, d in limits.items():
             m = n * self.share(name)
             c, unit = self._price(name)
             if d <= 0 or m <= 0 or c is None:
                 continue
             reaches = self._reaches(d, name)
-            tokens += m * (self._expected_tokens(d, False, name, reaches, n)[-1] - 1.0)
+            tokens = m * (self._expected_tokens(d, False, name, reaches, n)[-1] - 1.0)
             r, per_row, passes = 1.0, 0.0, 0.0
             for i in range(d):
                 r *= reaches[i]
                 per_row += r
                 passes += 1.0 - (1.0 - r) ** max(1.0, m)
-            drafts += m * per_row
-            if unit == "row":
-                lookup = True
-            else:
-                drafting += c * (passes if unit == "position" else m * per_row)
-        if drafts <= 0:
+            drafting = 0.0 if unit == "row" else \
+                c * (passes if unit == "position" else m * per_row)
+            out[name] = (tokens, m * per_row, drafting, unit == "row")
+        return out
+
+    def mixed_gain(self, n: int, terms: list[tuple[float, float, float, bool]],
+                   costs: list[float]) -> float | None:
+        """Predicted token rate of a step of n requests over plain decoding's, its classes'
+        ``_mix_terms`` summed: the step's drafted tokens, its drafting (an n-gram lookup
+        priced per row is paid for every request once any class drafts) and what a drafted
+        step adds (StepFit's o, in the step table) counted once for the step, where
+        ``_gains`` prices each class as if every request drafted from it. None until the
+        shares are known."""
+        drafts = sum(t[1] for t in terms)
+        if self.share_steps < self.cfg.share_steps or costs[0] <= 0 or drafts <= 0:
             return None
-        if lookup and self.c_draft is not None:
+        tokens = n + sum(t[0] for t in terms)
+        drafting = sum(t[2] for t in terms)
+        if any(t[3] for t in terms) and self.c_draft is not None:
             drafting += self.c_draft * n
         x = n + drafts
         lo = int(x)
@@ -767,13 +775,14 @@ class CostGate:
         if costs is None or any(e.probing and e.limit > 0 for e in counted.values()):
             return max(e.limit for e in counted.values())
         limits = {name: e.limit for name, e in counted.items() if e.limit > 0}
-        best_g = self.mixed_gain(self.batch, limits, costs)
+        terms = self._mix_terms(self.batch, limits)
+        best_g = self.mixed_gain(self.batch, list(terms.values()), costs)
         if best_g is None:
             return max(limits.values())
         best = dict(limits)
         for name in sorted(limits, key=lambda k: counted[k].gain)[:-1]:
             del limits[name]
-            g = self.mixed_gain(self.batch, limits, costs)
+            g = self.mixed_gain(self.batch, [terms[k] for k in limits if k in terms], costs)
             if g is not None and g > best_g:
                 best_g, best = g, dict(limits)
         if best_g < 1.0 + self.cfg.margin:
