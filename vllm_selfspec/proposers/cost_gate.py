@@ -67,6 +67,7 @@ and what a drafted step adds and an n-gram lookup of every request are paid once
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DRAFT, PLAIN = "draft", "plain"
@@ -261,6 +262,27 @@ class StepFit:
     def seconds(self, tokens: float, drafted: bool = False) -> float:
         a, b, o = self.solve()
         return a + b * tokens + (o if drafted else 0.0)
+
+
+def _depths(reaches: list[float], n: float) -> list[tuple[float, float]]:
+    """For a limit of d = 1..len(reaches) drafts: (drafts a row is expected to verify, the
+    sum of R_i, the products of ``reach``; passes of a class priced per pass, position i
+    run while any of n rows reaches it, 1 - (1 - R_i)^n of the time)."""
+    out, r, drafts, passes = [], 1.0, 0.0, 0.0
+    for reach in reaches:
+        r *= reach
+        drafts += r
+        passes += 1.0 - (1.0 - r) ** n
+        out.append((drafts, passes))
+    return out
+
+
+def _between(f: Callable[[int], float], x: float) -> float:
+    """f at a fractional x, linear between f(int(x)) and f(int(x) + 1) (step seconds by
+    the tokens a step is expected to run)."""
+    lo = int(x)
+    y = f(lo)
+    return y + (x - lo) * (f(lo + 1) - y)
 
 
 def _solve_sub(m: list[list[float]], r: list[float], free: list[int]) -> list[float]:
@@ -602,15 +624,11 @@ class CostGate:
             return [1.0] * upto
         n = max(1, n)
         reaches = self._reaches(upto, evidence)
-        gains, drafts, passes, r = [], 0.0, 0.0, 1.0
-        for d, tokens in enumerate(self._expected_tokens(upto, optimistic, evidence,
-                                                         reaches, n), 1):
-            r *= reaches[d - 1]  # R_d: the share of rows that draft position d
-            drafts += r  # drafts a row is expected to verify
-            passes += 1.0 - (1.0 - r) ** n
-            lo = min(int(drafts), len(costs) - 1)
-            hi = min(lo + 1, len(costs) - 1)
-            step = costs[lo] + (drafts - lo) * (costs[hi] - costs[lo])
+        gains = []
+        for tokens, (drafts, passes) in zip(
+                self._expected_tokens(upto, optimistic, evidence, reaches, n),
+                _depths(reaches, n)):
+            step = _between(lambda i: costs[min(i, len(costs) - 1)], drafts)
             drafting = c * n if unit == "row" else \
                 c * (passes if unit == "position" else n * drafts)
             gains.append(tokens * costs[0] / (step + drafting))
@@ -735,11 +753,7 @@ class CostGate:
                 continue
             reaches = self._reaches(d, name)
             tokens = m * (self._expected_tokens(d, False, name, reaches, n)[-1] - 1.0)
-            r, per_row, passes = 1.0, 0.0, 0.0
-            for i in range(d):
-                r *= reaches[i]
-                per_row += r
-                passes += 1.0 - (1.0 - r) ** max(1.0, m)
+            per_row, passes = _depths(reaches, max(1.0, m))[-1]
             drafting = 0.0 if unit == "row" else \
                 c * (passes if unit == "position" else m * per_row)
             out[name] = (tokens, m * per_row, drafting, unit == "row")
@@ -760,10 +774,7 @@ class CostGate:
         drafting = sum(t[2] for t in terms)
         if any(t[3] for t in terms) and self.c_draft is not None:
             drafting += self.c_draft * n
-        x = n + drafts
-        lo = int(x)
-        step = self.step_seconds(lo, True) + (x - lo) * (self.step_seconds(lo + 1, True)
-                                                        - self.step_seconds(lo, True))
+        step = _between(lambda x: self.step_seconds(x, True), n + drafts)
         return tokens * costs[0] / (n * (step + drafting))
 
     def _check_mix(self, costs: list[float] | None) -> int:
