@@ -69,6 +69,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DRAFT, PLAIN = "draft", "plain"
 
@@ -283,6 +284,15 @@ def _between(f: Callable[[int], float], x: float) -> float:
     lo = int(x)
     y = f(lo)
     return y + (x - lo) * (f(lo + 1) - y)
+
+
+class _MixTerm(NamedTuple):
+    """One class's part of a step's mix (``CostGate._mix_terms``)."""
+
+    tokens: float  # expected extra tokens over plain decoding
+    drafts: float  # draft tokens the step verifies
+    drafting: float  # drafting seconds (0 for a lookup priced per row)
+    lookup: bool  # an n-gram lookup, paid for every request once any class drafts
 
 
 def _solve_sub(m: list[list[float]], r: list[float], free: list[int]) -> list[float]:
@@ -739,8 +749,7 @@ class CostGate:
         w = self._share_weight
         return self.shares.get(evidence, 0.0) / w if w > 0 else 0.0
 
-    def _mix_terms(self, n: int, limits: dict[str, int]
-                   ) -> dict[str, tuple[float, float, float, bool]]:
+    def _mix_terms(self, n: int, limits: dict[str, int]) -> dict[str, _MixTerm]:
         """Per class drafting up to ``limits[class]`` for its share of n requests
         (``share``), acceptance read at its mean: (expected extra tokens, draft tokens,
         drafting seconds, whether it is an n-gram lookup priced per row). Taken once a step
@@ -756,10 +765,10 @@ class CostGate:
             per_row, passes = _depths(reaches, max(1.0, m))[-1]
             drafting = 0.0 if unit == "row" else \
                 c * (passes if unit == "position" else m * per_row)
-            out[name] = (tokens, m * per_row, drafting, unit == "row")
+            out[name] = _MixTerm(tokens, m * per_row, drafting, unit == "row")
         return out
 
-    def mixed_gain(self, n: int, terms: list[tuple[float, float, float, bool]],
+    def mixed_gain(self, n: int, terms: list[_MixTerm],
                    costs: list[float]) -> float | None:
         """Predicted token rate of a step of n requests over plain decoding's, its classes'
         ``_mix_terms`` summed: the step's drafted tokens, its drafting (an n-gram lookup
@@ -767,12 +776,12 @@ class CostGate:
         step adds (StepFit's o, in the step table) counted once for the step, where
         ``_gains`` prices each class as if every request drafted from it. None until the
         shares are known."""
-        drafts = sum(t[1] for t in terms)
+        drafts = sum(t.drafts for t in terms)
         if self.share_steps < self.cfg.share_steps or costs[0] <= 0 or drafts <= 0:
             return None
-        tokens = n + sum(t[0] for t in terms)
-        drafting = sum(t[2] for t in terms)
-        if any(t[3] for t in terms) and self.c_draft is not None:
+        tokens = n + sum(t.tokens for t in terms)
+        drafting = sum(t.drafting for t in terms)
+        if any(t.lookup for t in terms) and self.c_draft is not None:
             drafting += self.c_draft * n
         step = _between(lambda x: self.step_seconds(x, True), n + drafts)
         return tokens * costs[0] / (n * (step + drafting))
