@@ -31,6 +31,8 @@ def drafter_stats(worker: Any) -> dict[str, Any]:
     if ex is not None:
         out["draft_exit_threshold"] = ex.threshold
     out["describe"] = d.proposer.describe()
+    # the whole drafter per engine step (reading results, the gate, drafting, bookkeeping)
+    out["drafter_calls"], out["drafter_seconds"] = d.calls, round(d.seconds, 4)
     out.update(d.proposer.report())
     if getattr(d, "low_bit", None) is not None:
         out.update(d.low_bit.report())

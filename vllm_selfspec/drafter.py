@@ -147,6 +147,8 @@ class PluginDrafter:
         self.gate = CostGate(k=self.k) if opts.get("cost_gate", False) else None
         # the figures on /metrics (metrics.py): source mix, steps withheld, draft time
         self.publisher = metrics.publisher_for(vllm_config, self.method.name)
+        # every call's seconds, gate and bookkeeping included (tools: control.drafter_stats)
+        self.calls, self.seconds = 0, 0.0
         # TP > 1 and drafts that run the target's collectives: rank 0 decides for all ranks
         self.sync = rank_sync.for_engine(vllm_config) if self.proposer.uses_target else None
         if self.sync is not None:
@@ -249,16 +251,18 @@ class PluginDrafter:
     @torch.inference_mode()
     def propose_with_runner(self, runner: Any, ctx: DraftContext
                             ) -> tuple[list[list[int]], torch.Tensor | None]:
-        if self.publisher is None:
-            return self._propose(runner, ctx)
         t0 = time.monotonic()
-        self.publisher.step(t0)
+        if self.publisher is not None:
+            self.publisher.step(t0)
         try:
             return self._propose(runner, ctx)
         finally:
             t1 = time.monotonic()
-            self.publisher.figures.draft_seconds += t1 - t0
-            self.publisher.maybe_write(self.proposer.stats, t1)
+            self.calls += 1
+            self.seconds += t1 - t0
+            if self.publisher is not None:
+                self.publisher.figures.draft_seconds += t1 - t0
+                self.publisher.maybe_write(self.proposer.stats, t1)
 
     def _propose(self, runner: Any, ctx: DraftContext
                  ) -> tuple[list[list[int]], torch.Tensor | None]:

@@ -100,15 +100,21 @@ def test_cost_gate_by_source_stays_identical(engine, eval_prompts, plain):
     from vllm_selfspec.control import drafter_stats, set_cost_gate
 
     engine.collective_rpc(set_cost_gate, args=(True,))
+    before = engine.collective_rpc(drafter_stats)[0]
     try:
         outs = engine.generate(eval_prompts, GREEDY, use_tqdm=False)
-        gate = engine.collective_rpc(drafter_stats)[0]["cost_gate"]
+        after = engine.collective_rpc(drafter_stats)[0]
+        gate = after["cost_gate"]
     finally:
         engine.collective_rpc(set_cost_gate, args=(False,))
     for i, (a, b) in enumerate(zip(token_ids(outs), plain)):
         assert a == b, f"prompt {i} differs from plain decoding"
     tried = {name for name, c in gate["classes"].items() if c["first_tries"] > 0}
     assert "bigram" in tried and any(n.startswith("context:") for n in tried), gate["classes"]
+    # the drafter's own time (tools/bench.py reports it): called once per engine step
+    calls = after["drafter_calls"] - before["drafter_calls"]
+    assert 0 < calls <= sum(len(o.outputs[0].token_ids) for o in outs), calls
+    assert after["drafter_seconds"] > before["drafter_seconds"]
 
 
 def test_sampling_follows_plain_decoding(engine, sampled_reference):
