@@ -124,3 +124,24 @@ def test_a_report_names_the_cpu_model(tmp_path):
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n")
     assert bench.cpu_model(str(info)) == "AMD EPYC 9B14"
     assert bench.cpu_model(str(tmp_path / "missing")) == platform.machine()
+
+
+def test_a_profile_counts_only_its_own_engines_steps(tmp_path):
+    """``--profile``: each engine's profiler runs only while that engine steps, so the
+    other engines' turns are not in its profile; both files are written."""
+    import cProfile
+    import pstats
+
+    log: list[str] = []
+    fast, slow = entry("fast", 3, 0.002, log), entry("slow", 6, 0.004, log)
+    for e in (fast, slow):
+        e.clock.profile = cProfile.Profile()
+    step_round([fast, slow], ["p0", "p1"], sp=None)
+    steps = {}
+    for e in (fast, slow):
+        bench.write_profile(e.clock.profile, tmp_path, e.label)
+        st = pstats.Stats(str(tmp_path / f"{e.label}.pstats")).stats  # type: ignore[attr-defined]
+        calls = [v[1] for (path, _, fn), v in st.items() if fn == "step" and path == __file__]
+        steps[e.label] = sum(calls)
+        assert (tmp_path / f"{e.label}.txt").read_text().strip()
+    assert steps == {"fast": log.count("fast"), "slow": log.count("slow")}

@@ -28,10 +28,12 @@ vllm_selfspec method); options pass through with
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 import time
@@ -67,6 +69,7 @@ class EngineClock:
     def __init__(self) -> None:
         self.total = 0.0
         self._since: float | None = None
+        self.profile: cProfile.Profile | None = None  # --profile: this engine's steps only
 
     def __call__(self) -> float:
         now = time.perf_counter()
@@ -75,9 +78,13 @@ class EngineClock:
     @contextmanager
     def running(self) -> Iterator[None]:
         self._since = time.perf_counter()
+        if self.profile is not None:
+            self.profile.enable()
         try:
             yield
         finally:
+            if self.profile is not None:
+                self.profile.disable()
             self.total += time.perf_counter() - self._since
             self._since = None
 
@@ -118,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--show-answer", action="store_true",
                    help="print the last method's answer to the first prompt")
     p.add_argument("--json", dest="json_out", default=None, help="write results here")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="cProfile each engine's timed steps (steps mode) into DIR/LABEL.pstats "
+                        "and DIR/LABEL.txt (top functions); the profiler slows Python-heavy "
+                        "code, so a profiled run's speeds are not figures to report")
     return p.parse_args(argv)
 
 
@@ -232,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     entries = parse_methods(args.methods, args.method_config)
     args.interleave = interleave_mode(args.interleave)
+    if args.profile and args.interleave != "steps":
+        raise SystemExit("--profile needs --interleave steps (the engines in this process)")
     if args.interleave == "steps":  # engines in this process: one step() is one engine step
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # (read when an engine starts)
     model_path = resolve_model(args.model)
@@ -270,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "baseline (speedups are taken within a group)")
     for members in groups:
         run_group(members, warm, timed, sp, model_path, engine_kw, round_prompts(args),
-                  args.interleave)
+                  args.interleave, args.profile)
     for e in entries:
         e.extra.pop("_stats_error", None)
     if args.interleave == "steps":  # every group's baseline twins (later groups' rows are not kept)
@@ -353,10 +366,11 @@ def round_prompts(args: argparse.Namespace) -> int:
 
 def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
               model_path: str, engine_kw: dict[str, Any], per_round: int,
-              interleave: str = "steps") -> None:
+              interleave: str = "steps", profile: str | None = None) -> None:
     """Start the group's engines, warm them up, then run the timed prompts ``per_round``
     at a time, every engine on every round, the order rotating every round (and every
-    turn with ``interleave="steps"``); collect drafter stats; shut the engines down."""
+    turn with ``interleave="steps"``); collect drafter stats; shut the engines down.
+    ``profile``: a folder for each engine's profile of its timed steps (``write_profile``)."""
     from tqdm import tqdm
     from vllm import TokensPrompt
 
@@ -390,6 +404,9 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
         with e.clock.running():
             e.llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in warm], sp,
                            use_tqdm=False)
+    if profile:
+        for e in members:
+            e.clock.profile = cProfile.Profile()
     rounds = [timed[i: i + per_round] for i in range(0, len(timed), per_round)]
     bar = tqdm(total=len(rounds) * len(members), desc="benchmark", unit="run")
     for g, group in enumerate(rounds):
@@ -417,6 +434,8 @@ def run_group(members: list[Entry], warm: list[Any], timed: list[Any], sp: Any,
             bar.update(len(order))
     bar.close()
     for e in members:
+        if profile and e.clock.profile is not None:
+            write_profile(e.clock.profile, Path(profile), e.label)
         if e.method not in VLLM_METHODS:
             try:
                 from vllm_selfspec.control import drafter_stats
@@ -443,6 +462,23 @@ def merge_twin(base: Entry, twin: Entry) -> None:
     base.seconds = (base.seconds + twin.seconds) / 2
     base.round_seconds = [round((a + b) / 2, 4)
                           for a, b in zip(base.round_seconds, twin.round_seconds)]
+
+
+def write_profile(prof: cProfile.Profile, folder: Path, label: str, top: int = 40) -> None:
+    """An engine's profile: ``LABEL.pstats`` (``python -m pstats``) and ``LABEL.txt``, its
+    top functions by own time and by cumulative time."""
+    import io
+    import pstats
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+    prof.dump_stats(str(folder / f"{name}.pstats"))
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    (folder / f"{name}.txt").write_text(text.getvalue())
+    print(f"wrote {folder / name}.pstats")
 
 
 def step_round(entries: list[Entry], batch: list[Any], sp: Any
