@@ -145,3 +145,6 @@ def test_a_profile_counts_only_its_own_engines_steps(tmp_path):
         steps[e.label] = sum(calls)
         assert (tmp_path / f"{e.label}.txt").read_text().strip()
     assert steps == {"fast": log.count("fast"), "slow": log.count("slow")}
+    # a later engine group's baseline of the same label gets its own files
+    bench.write_profile(fast.clock.profile, tmp_path, "fast")
+    assert (tmp_path / "fast-2.pstats").exists() and (tmp_path / "fast-2.txt").exists()

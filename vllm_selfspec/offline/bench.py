@@ -466,12 +466,17 @@ def merge_twin(base: Entry, twin: Entry) -> None:
 
 def write_profile(prof: cProfile.Profile, folder: Path, label: str, top: int = 40) -> None:
     """An engine's profile: ``LABEL.pstats`` (``python -m pstats``) and ``LABEL.txt``, its
-    top functions by own time and by cumulative time."""
+    top functions by own time and by cumulative time (``LABEL-2``... for a label already
+    written: the baseline of a later engine group)."""
     import io
     import pstats
 
     folder.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+    name = base = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+    n = 1
+    while (folder / f"{name}.pstats").exists():  # each engine group has its own baseline
+        n += 1
+        name = f"{base}-{n}"
     prof.dump_stats(str(folder / f"{name}.pstats"))
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text)
