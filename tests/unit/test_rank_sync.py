@@ -262,7 +262,7 @@ def _ctx(rows: int = 2) -> DraftContext:
 def _drafter(group: FakeGroup, gate_limit: int, fail_setup: bool = False) -> PluginDrafter:
     d = PluginDrafter.__new__(PluginDrafter)  # the parts propose_with_runner uses
     d.k, d.opts, d.drafting, d._phase_changes, d.known = 4, {}, True, 0, set()
-    d.publisher = None
+    d.publisher, d.calls, d.seconds = None, 0, 0.0
     d.draft_pass = DraftPass()
     d._last_stats = time.monotonic()
     d.proposer = SelfSpecProposer(4, {}, Artifacts(skip_mask=SkipMask(frozenset({1}), frozenset())))
