@@ -111,10 +111,9 @@ def test_cost_gate_by_source_stays_identical(engine, eval_prompts, plain):
         assert a == b, f"prompt {i} differs from plain decoding"
     tried = {name for name, c in gate["classes"].items() if c["first_tries"] > 0}
     assert "bigram" in tried and any(n.startswith("context:") for n in tried), gate["classes"]
-    # the drafter's own time (tools/bench.py reports it): called once per engine step
+    # the drafter's call counter (tools/bench.py reports its time beside it): once per step
     calls = after["drafter_calls"] - before["drafter_calls"]
     assert 0 < calls <= sum(len(o.outputs[0].token_ids) for o in outs), calls
-    assert after["drafter_seconds"] > before["drafter_seconds"]
 
 
 def test_sampling_follows_plain_decoding(engine, sampled_reference):
