@@ -3,6 +3,8 @@ report, Table 5 and loss curve; --resume continues from the trainer state."""
 
 import json
 
+import pytest
+
 from vllm_selfspec.model_info import stamp_from_path
 from vllm_selfspec.offline import train_chimera
 from vllm_selfspec.proposers.chimera import check_checkpoint, load_checkpoint
@@ -43,13 +45,30 @@ def test_tiny_run_writes_a_loadable_stamped_checkpoint(small_vocab_model_path, t
     order = [json.loads(x)["id"] for x in answers[0].read_text().splitlines()]
     assert list(he["per_prompt"]) == order and all(i.startswith("HumanEval/") for i in order)
     assert all(r["steps"] >= 1 and r["tokens_per_step_path"] >= 1 for r in he["per_prompt"].values())
+    assert he["tokens_per_step_path_by_heads"][-1] == he["tokens_per_step_path"]
+    # deeper chains, the last head standing in for the heads the checkpoint lacks: the first
+    # heads' figures are the checkpoint's own
+    deep = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
+                              "--prompts", "humaneval", "--num-prompts", "2", "--max-tokens", "6",
+                              "--cache", str(cache), "--heads", "4"])
+    assert deep["heads"] == 4 and ev["heads"] == 2
+    dh = deep["sets"]["humaneval"]["tokens_per_step_path_by_heads"]
+    assert len(dh) == 4 and dh[:2] == he["tokens_per_step_path_by_heads"]
+    assert all(a <= b for a, b in zip(dh, dh[1:]))  # a longer chain never accepts less
+    # without a corpus only the bench's prompt sets are measured; with neither, nothing is
+    bare = chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
+                              "--corpus", str(tmp_path / "none"), "--prompts", "humaneval",
+                              "--num-prompts", "2", "--max-tokens", "6", "--cache", str(cache)])
+    assert list(bare["sets"]) == ["humaneval"] and "table5" not in bare
+    assert bare["sets"]["humaneval"]["tokens_per_step_path"] == he["tokens_per_step_path"]
+    with pytest.raises(SystemExit, match="no held-out states"):
+        chimera_eval.main(["--checkpoint", str(out), "--model", small_vocab_model_path,
+                           "--corpus", str(tmp_path / "none")])
     steps = report["training"]["steps"]
     # resuming a finished run trains nothing more and writes the same kind of checkpoint
     again = train_chimera.main([*args, "--resume"])
     assert again["training"]["steps"] == steps
     # a wider draft vocabulary counts the corpus's answers: none here (teacher-forced labels)
-    import pytest
-
     from vllm_selfspec.offline.corpus import TRAIN_FILE
 
     wide_args = ["--checkpoint", str(out), "--model", small_vocab_model_path, "--draft-vocab", "300"]
@@ -130,7 +149,6 @@ def test_autocast_steps_learn_and_say_so(small_vocab_model_path, tmp_path):
 
 
 def test_init_starts_from_a_checkpoint_and_says_so(small_vocab_model_path, model_path, tmp_path):
-    import pytest
     import torch
     from safetensors.torch import load_file
 
@@ -161,3 +179,43 @@ def test_init_starts_from_a_checkpoint_and_says_so(small_vocab_model_path, model
         train_chimera.main(["--model", model_path, "--tokens", "300", "--out",
                             str(tmp_path / "x.safetensors"), "--init", str(first), *common])
     assert not (tmp_path / "x.safetensors.work" / "responses.jsonl").exists()
+
+
+def test_deeper_heads_repeat_the_last_one_and_the_timed_path_weighs_steps():
+    import torch
+
+    from vllm_selfspec.offline.bench import NUM_PROMPTS, WARMUP_PROMPTS
+    from vllm_selfspec.offline.chimera_eval import timed_path
+    from vllm_selfspec.proposers.chimera import ChimeraConfig, ChimeraDraftModel
+
+    torch.manual_seed(0)
+    cfg = ChimeraConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,
+                        vocab_size=40, num_heads=2)
+    m = ChimeraDraftModel(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    assert m.with_heads(2) is m and m.with_heads(1) is m
+    d = m.with_heads(4)
+    assert d.cfg.num_heads == 4 and m.cfg.num_heads == 2
+    assert torch.equal(d.heads[0].weight, m.heads[0].weight)
+    assert torch.equal(d.heads[2].weight, m.heads[1].weight)
+    assert torch.equal(d.heads[3].weight, m.heads[1].weight)
+    emb = torch.randn(40, 16)
+    for x in (m, d):
+        x.bind_target(emb, emb)
+    tok, hid = torch.randint(0, 40, (1, 9)), torch.randn(1, 9, 16)
+    with torch.no_grad():
+        own, deep = m.teacher_forced(tok, hid), d.teacher_forced(tok, hid)
+    assert len(deep) == 4
+    for (w0, _, l0), (w1, _, l1) in zip(own, deep[:2]):
+        assert torch.equal(w0, w1) and torch.allclose(l0, l1)
+    # the bench's timed prompts: total tokens over total steps, warm-up left out
+    rows = [{"steps_by_heads": [100], "tokens_per_step_path_by_heads": [9.0]}]  # warm-up
+    rows += [{"steps_by_heads": [10 * (i + 1)], "tokens_per_step_path_by_heads": [1.0 + i % 2]}
+             for i in range(NUM_PROMPTS + 3)]
+    timed = rows[WARMUP_PROMPTS: WARMUP_PROMPTS + NUM_PROMPTS]
+    want = sum(r["steps_by_heads"][0] * r["tokens_per_step_path_by_heads"][0] for r in timed) \
+        / sum(r["steps_by_heads"][0] for r in timed)
+    assert timed_path(rows) == [round(want, 4)] and timed_path([]) == []

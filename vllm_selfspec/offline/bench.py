@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+NUM_PROMPTS = 8  # timed prompts per run (--num-prompts)
+WARMUP_PROMPTS = 1  # prompts each engine runs before the timed ones (--warmup-prompts)
 # vLLM's ngram proposer (vllm/v1/spec_decode/ngram_proposer.py) as every comparison runs it
 NGRAM_DEFAULTS = {"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
@@ -96,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method-config", action="append", default=[], metavar="LABEL=JSON")
     p.add_argument("--dataset", default="mtbench")
     p.add_argument("--split", default="test", choices=["dev", "test", "all"])
-    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-prompt-tokens", type=int, default=1024)
     p.add_argument("--dtype", default="float32")
@@ -112,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "engine in this process, each timed by its own clock (steps), or the "
                         "whole round per engine, each engine in its own processes (prompts); "
                         "auto: steps")
-    p.add_argument("--warmup-prompts", type=int, default=1)
+    p.add_argument("--warmup-prompts", type=int, default=WARMUP_PROMPTS)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--enforce-eager", action="store_true",

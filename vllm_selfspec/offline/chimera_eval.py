@@ -25,7 +25,11 @@ target's token, so right after a miss), which is what the engine measures.
 
 ``--draft-vocab N`` widens a checkpoint's draft vocabulary before measuring (its own tokens
 first, then the corpus's most frequent answer tokens): the shared heads draft over the
-target's LM-head rows, so a wider vocabulary needs no training.
+target's LM-head rows, so a wider vocabulary needs no training. ``--heads K`` measures
+chains of K heads, the checkpoint's last head standing in for every head it lacks
+(``ChimeraDraftModel.with_heads``, no training): what deeper chains could add. Every set
+reports the path figure for 1..K heads (``tokens_per_step_path_by_heads``), and the bench's
+prompt sets also over the prompts ``tools/bench.py`` times (``..._timed_by_heads``).
 """
 
 from __future__ import annotations
@@ -138,6 +142,22 @@ def speedup_table(correct: np.ndarray, conf: np.ndarray, draft_cost: float,
             for h in range(1, correct.shape[1] + 1) for th in THRESHOLDS]
 
 
+def timed_path(per_prompt: list[dict[str, Any]]) -> list[float]:
+    """Along the path with 1..K heads over the prompts ``tools/bench.py`` times by default
+    (after its warm-up prompts): total tokens over total steps of those entries."""
+    from vllm_selfspec.offline.bench import NUM_PROMPTS, WARMUP_PROMPTS
+
+    rows = per_prompt[WARMUP_PROMPTS: WARMUP_PROMPTS + NUM_PROMPTS]
+    if not rows:
+        return []
+    out = []
+    for k in range(len(rows[0]["steps_by_heads"])):
+        steps = sum(r["steps_by_heads"][k] for r in rows)
+        tokens = sum(r["steps_by_heads"][k] * r["tokens_per_step_path_by_heads"][k] for r in rows)
+        out.append(round(tokens / steps, 4) if steps else 1.0)
+    return out
+
+
 def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
             ) -> tuple[dict[str, Any], dict[str, Any], tuple[np.ndarray, np.ndarray]]:
     """(figures, Table 5, chains) of ``data``, teacher-forced: the figures are top-1 per head
@@ -151,14 +171,18 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     heads = correct.shape[1]
     every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
     at = np.concatenate(starts) if starts else np.zeros((0, 2), dtype=np.int64)
-    by_seq = path_steps(correct, at)
+    by_heads = [path_steps(correct[:, :k], at) for k in range(1, heads + 1)]
+    by_seq = by_heads[-1]
     # a sequence's chains are keyed by its span's start (``Sequences.batches``)
     span_start = [max(int(a), int(b) - MAX_SEQ)
                   for a, b in zip(data.offsets[:-1], data.offsets[1:])]
     figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
                "tokens_per_step": every["tokens_per_step"],
                "tokens_per_step_path": round(along_the_path(correct, at), 4),
+               "tokens_per_step_path_by_heads": [round(along_the_path(correct[:, :k], at), 4)
+                                                 for k in range(1, heads + 1)],
                "path_steps": [by_seq.get(a, []) for a in span_start],
+               "path_steps_by_heads": [[b.get(a, []) for b in by_heads] for a in span_start],
                "chains": int(correct.shape[0])}
     return figures, table5, (correct, conf)
 
@@ -239,12 +263,47 @@ def prompt_set_states(model_path: str, name: str, num: int, max_tokens: int, dty
     return collect_states(model_path, done, folder / "states")
 
 
+def held_out_figures(model: Any, work: Path, index_file: Path, costs: tuple[float, float]
+                     ) -> dict[str, Any]:
+    """Table 5, the speedup table and the held-out sets' figures of a corpus folder (its
+    ``states-heldout``; ``held_out_unseen``: the answers to prompts unlike every training one)."""
+    import torch
+
+    from vllm_selfspec.offline.chimera_data import read_records
+    from vllm_selfspec.offline.corpus import HELD_OUT_FILE, TRAIN_FILE
+    from vllm_selfspec.offline.train_chimera import Sequences
+
+    index = json.loads(index_file.read_text())
+    shards = [index_file.parent / s["file"] for s in index["shards"]]
+    with torch.no_grad():
+        whole, table5, (correct, conf) = summary(model, Sequences.load(shards), *costs)
+    whole.pop("path_steps"), whole.pop("path_steps_by_heads")
+    rows = speedup_table(correct, conf, *costs)
+    best = max(rows, key=lambda r: r["speedup"])
+    out = {"table5": table5, "chains": whole["chains"], "expected": rows, "best": best,
+           "sets": {"held_out": whole}}
+    print("Table 5 (held-out, top-1..5 per head):")
+    for i, r in enumerate(table5["top_k"]):
+        print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in r))
+    print(f"best expected: {best}")
+    held_recs, train_recs = read_records(work / HELD_OUT_FILE), read_records(work / TRAIN_FILE)
+    if held_recs and train_recs:
+        unseen = unseen_ids(held_recs, train_recs)
+        if unseen:
+            with torch.no_grad():
+                s = summary(model, Sequences.load(shards, keep=unseen), *costs)[0]
+            s.pop("path_steps"), s.pop("path_steps_by_heads")
+            out["sets"]["held_out_unseen"] = {**s, "records": len(unseen), "of": len(held_recs)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--corpus", "--work", dest="work", default=None,
-                   help="the corpus folder with the held-out states (default CKPT.work)")
+                   help="the corpus folder with the held-out states (default CKPT.work; "
+                        "without one, only the --prompts sets are measured)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--draft-cost", type=float, default=0.08,
                    help="decode steps per draft token (tools/draft_cost.py)")
@@ -261,6 +320,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="widen the checkpoint's draft vocabulary to this many tokens (its own "
                         "first, then the corpus's most frequent answer tokens) before measuring")
+    p.add_argument("--heads", type=int, default=0,
+                   help="measure chains of this many heads, the checkpoint's last head "
+                        "repeated for the heads it lacks (no training)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "vllm-selfspec" / "chimera-eval"),
                    help="where the answers and states of --prompts are kept (per model)")
     args = p.parse_args(argv)
@@ -270,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.model_info import stamp_from_path
     from vllm_selfspec.offline.chimera_data import read_records
-    from vllm_selfspec.offline.corpus import HELD_OUT_FILE, TRAIN_FILE
+    from vllm_selfspec.offline.corpus import TRAIN_FILE
     from vllm_selfspec.offline.train_chimera import Sequences, _shard_ids, _target_state
     from vllm_selfspec.proposers.chimera import load_checkpoint
 
@@ -288,37 +350,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"--draft-vocab: no training answers in {work} to count tokens "
                              "from; give the corpus with --corpus")
         model.set_draft_vocab(model.vocab.extended(counts, args.draft_vocab))
+    model = model.with_heads(args.heads)
     state = _target_state(model_path)
     embed = state["model.embed_tokens.weight"]
     model.bind_target(embed, state.get("lm_head.weight", embed))
-    index = json.loads((work / "states-heldout" / "index.json").read_text())
-    shards = [work / "states-heldout" / s["file"] for s in index["shards"]]
-    held = Sequences.load(shards)
     costs = (args.draft_cost, args.verify_cost)
-    with torch.no_grad():
-        whole, table5, (correct, conf) = summary(model, held, *costs)
-    whole.pop("path_steps")
-    rows = speedup_table(correct, conf, *costs)
-    best = max(rows, key=lambda r: r["speedup"])
-    report = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size,
-              "table5": table5, "chains": whole["chains"],
-              "draft_cost": args.draft_cost, "verify_cost": args.verify_cost,
-              "expected": rows, "best": best, "sets": {"held_out": whole}}
-    print("Table 5 (held-out, top-1..5 per head):")
-    for i, r in enumerate(table5["top_k"]):
-        print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in r))
-    print(f"best expected: {best}")
-    held_recs, train_recs = read_records(work / HELD_OUT_FILE), read_records(work / TRAIN_FILE)
-    if held_recs and train_recs:
-        unseen = unseen_ids(held_recs, train_recs)
-        if unseen:
-            with torch.no_grad():
-                s = summary(model, Sequences.load(shards, keep=unseen), *costs)[0]
-            s.pop("path_steps")
-            report["sets"]["held_out_unseen"] = {**s, "records": len(unseen),
-                                                 "of": len(held_recs)}
+    report: dict[str, Any] = {"checkpoint": str(ckpt), "draft_vocab": model.cfg.draft_vocab_size,
+                              "heads": model.cfg.num_heads, "draft_cost": args.draft_cost,
+                              "verify_cost": args.verify_cost, "sets": {}}
+    held_index = work / "states-heldout" / "index.json"
+    prompt_names = [x for x in args.prompts.split(",") if x]
+    if held_index.exists():
+        report.update(held_out_figures(model, work, held_index, costs))
+    elif not prompt_names:
+        raise SystemExit(f"no held-out states in {work}: give a corpus made with "
+                         "tools/corpus.py --states (--corpus) or bench prompt sets (--prompts)")
     cache = Path(args.cache) / (stamp.fingerprint or Path(model_path).name)
-    for name in [x for x in args.prompts.split(",") if x]:
+    for name in prompt_names:
         folder = cache / f"{name}-{args.num_prompts}x{args.max_tokens}-{args.answer_dtype}"
         set_shards = prompt_set_states(model_path, name, args.num_prompts, args.max_tokens,
                                        args.answer_dtype, folder)
@@ -326,17 +374,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             s = summary(model, Sequences.load(set_shards), *costs)[0]
         ids = [i for shard in set_shards for i in _shard_ids(shard)]
         per = {i: {"steps": len(st), "tokens_per_step_path":
-                   round(float(np.mean(st)), 4) if st else 1.0}
-               for i, st in zip(ids, s.pop("path_steps"))}
+                   round(float(np.mean(st)), 4) if st else 1.0,
+                   "steps_by_heads": [len(x) for x in by_k],
+                   "tokens_per_step_path_by_heads": [round(float(np.mean(x)), 4) if x else 1.0
+                                                     for x in by_k]}
+               for i, st, by_k in zip(ids, s.pop("path_steps"), s.pop("path_steps_by_heads"))}
         # in the bench's order (it warms up on the first prompt and times the next ones)
         s["per_prompt"] = {r["id"]: per[r["id"]] for r in read_records(folder / "answers.jsonl")
                            if r["id"] in per}
+        s["tokens_per_step_path_timed_by_heads"] = timed_path(list(s["per_prompt"].values()))
         report["sets"][name] = {**s, "answer_dtype": args.answer_dtype}
     for name, s in report["sets"].items():
         print(f"{name}: {s['positions']} positions, top-1 per head "
               + " ".join(f"{x:.3f}" for x in s["top1"])
               + f", expected tokens per step {s['tokens_per_step']:.2f}"
-              + f" (along the drafter's path {s['tokens_per_step_path']:.2f})")
+              + f" (along the drafter's path {s['tokens_per_step_path']:.2f}; with 1..K heads "
+              + " ".join(f"{x:.2f}" for x in s["tokens_per_step_path_by_heads"]) + ")")
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

@@ -273,6 +273,21 @@ class ChimeraDraftModel(nn.Module):
         self.cfg = replace(self.cfg, draft_vocab_size=vocab.size)
         self.lm_rows, self.lm_rows_fn = None, None
 
+    def with_heads(self, k: int) -> ChimeraDraftModel:
+        """This draft model with ``k`` heads: its own, then copies of its last head (head i
+        differs from head i-1 only by its projection and by one more step of lag behind the
+        mature states, §4.1.3, so the last head stands in for deeper ones, untrained). Itself
+        when it has ``k`` or more; ``bind_target`` the new one."""
+        have = self.cfg.num_heads
+        if k <= have:
+            return self
+        deeper = ChimeraDraftModel(replace(self.cfg, num_heads=k), self.vocab)
+        state = self.state_dict()
+        for i in range(have, k):
+            state[f"heads.{i}.weight"] = state[f"heads.{have - 1}.weight"].clone()
+        deeper.load_state_dict(state)
+        return deeper.to(self.norm.weight.dtype).train(self.training)
+
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Share the target's embedding [V(+pad), H] and LM head [V(+pad), H] (frozen)."""
         self.embed_weight = embed_weight.detach()
