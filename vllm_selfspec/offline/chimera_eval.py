@@ -132,7 +132,12 @@ def along_the_path(correct: np.ndarray, starts: np.ndarray) -> float:
     """Mean acceptance length along the drafter's path (``path_steps``) over all sequences:
     what the engine measures (``tools/bench.py``'s mean acceptance length, every head
     drafted), where ``expected`` averages over every start."""
-    steps = [x for seq in path_steps(correct, starts).values() for x in seq]
+    return mean_step(path_steps(correct, starts))
+
+
+def mean_step(by_seq: dict[int, list[int]]) -> float:
+    """Tokens per target step over every step of ``path_steps``' sequences."""
+    steps = [x for seq in by_seq.values() for x in seq]
     return float(np.mean(steps)) if steps else 1.0
 
 
@@ -162,7 +167,8 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
             ) -> tuple[dict[str, Any], dict[str, Any], tuple[np.ndarray, np.ndarray]]:
     """(figures, Table 5, chains) of ``data``, teacher-forced: the figures are top-1 per head
     and the expected tokens per step drafting every head (no confidence stop), over every
-    start and along the drafter's path (``path_steps``: each sequence's, in ``data``'s order)."""
+    start and along the drafter's path with 1..K heads (``path_steps_by_heads``: each
+    sequence's steps per number of heads, in ``data``'s order)."""
     from vllm_selfspec.offline.train_chimera import evaluate
 
     table5 = evaluate(model, data, 4096, MAX_SEQ, "cpu")
@@ -172,16 +178,13 @@ def summary(model: Any, data: Any, draft_cost: float, verify_cost: float
     every = expected(correct, conf, 0.0, heads, draft_cost, verify_cost)
     at = np.concatenate(starts) if starts else np.zeros((0, 2), dtype=np.int64)
     by_heads = [path_steps(correct[:, :k], at) for k in range(1, heads + 1)]
-    by_seq = by_heads[-1]
+    path = [round(mean_step(b), 4) for b in by_heads]
     # a sequence's chains are keyed by its span's start (``Sequences.batches``)
     span_start = [max(int(a), int(b) - MAX_SEQ)
                   for a, b in zip(data.offsets[:-1], data.offsets[1:])]
     figures = {"positions": data.num_tokens, "top1": [round(r[0], 4) for r in table5["top_k"]],
                "tokens_per_step": every["tokens_per_step"],
-               "tokens_per_step_path": round(along_the_path(correct, at), 4),
-               "tokens_per_step_path_by_heads": [round(along_the_path(correct[:, :k], at), 4)
-                                                 for k in range(1, heads + 1)],
-               "path_steps": [by_seq.get(a, []) for a in span_start],
+               "tokens_per_step_path": path[-1], "tokens_per_step_path_by_heads": path,
                "path_steps_by_heads": [[b.get(a, []) for b in by_heads] for a in span_start],
                "chains": int(correct.shape[0])}
     return figures, table5, (correct, conf)
@@ -277,7 +280,7 @@ def held_out_figures(model: Any, work: Path, index_file: Path, costs: tuple[floa
     shards = [index_file.parent / s["file"] for s in index["shards"]]
     with torch.no_grad():
         whole, table5, (correct, conf) = summary(model, Sequences.load(shards), *costs)
-    whole.pop("path_steps"), whole.pop("path_steps_by_heads")
+    whole.pop("path_steps_by_heads")
     rows = speedup_table(correct, conf, *costs)
     best = max(rows, key=lambda r: r["speedup"])
     out = {"table5": table5, "chains": whole["chains"], "expected": rows, "best": best,
@@ -292,7 +295,7 @@ def held_out_figures(model: Any, work: Path, index_file: Path, costs: tuple[floa
         if unseen:
             with torch.no_grad():
                 s = summary(model, Sequences.load(shards, keep=unseen), *costs)[0]
-            s.pop("path_steps"), s.pop("path_steps_by_heads")
+            s.pop("path_steps_by_heads")
             out["sets"]["held_out_unseen"] = {**s, "records": len(unseen), "of": len(held_recs)}
     return out
 
@@ -373,12 +376,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with torch.no_grad():
             s = summary(model, Sequences.load(set_shards), *costs)[0]
         ids = [i for shard in set_shards for i in _shard_ids(shard)]
-        per = {i: {"steps": len(st), "tokens_per_step_path":
-                   round(float(np.mean(st)), 4) if st else 1.0,
-                   "steps_by_heads": [len(x) for x in by_k],
-                   "tokens_per_step_path_by_heads": [round(float(np.mean(x)), 4) if x else 1.0
-                                                     for x in by_k]}
-               for i, st, by_k in zip(ids, s.pop("path_steps"), s.pop("path_steps_by_heads"))}
+        per = {}
+        for i, by_k in zip(ids, s.pop("path_steps_by_heads")):
+            means = [round(float(np.mean(x)), 4) if x else 1.0 for x in by_k]
+            per[i] = {"steps": len(by_k[-1]), "tokens_per_step_path": means[-1],
+                      "steps_by_heads": [len(x) for x in by_k],
+                      "tokens_per_step_path_by_heads": means}
         # in the bench's order (it warms up on the first prompt and times the next ones)
         s["per_prompt"] = {r["id"]: per[r["id"]] for r in read_records(folder / "answers.jsonl")
                            if r["id"] in per}

@@ -286,7 +286,8 @@ class ChimeraDraftModel(nn.Module):
         for i in range(have, k):
             state[f"heads.{i}.weight"] = state[f"heads.{have - 1}.weight"].clone()
         deeper.load_state_dict(state)
-        return deeper.to(self.norm.weight.dtype).train(self.training)
+        w = self.norm.weight
+        return deeper.to(device=w.device, dtype=w.dtype).train(self.training)
 
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Share the target's embedding [V(+pad), H] and LM head [V(+pad), H] (frozen)."""
