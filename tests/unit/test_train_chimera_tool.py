@@ -157,14 +157,28 @@ def test_init_starts_from_a_checkpoint_and_says_so(small_vocab_model_path, model
     first = tmp_path / "first.safetensors"
     train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
                         str(first), "--heads", "2", "--draft-vocab", "256", *common])
-    # lr 0: the weights it starts from are the ones it ends with; its own --heads and
-    # --draft-vocab give way to the checkpoint's
+    # lr 0: the weights it starts from are the ones it ends with; its own --heads gives way
+    # to the checkpoint's, and so does the default draft vocabulary
     again = tmp_path / "again.safetensors"
     report = train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
                                  str(again), "--init", str(first), "--heads", "3",
-                                 "--draft-vocab", "128", "--lr", "0", *common])
+                                 "--lr", "0", *common])
     a, b = load_file(str(first)), load_file(str(again))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a larger --draft-vocab widens it: the checkpoint's tokens first, then others, the
+    # weights as they were; a smaller one is refused
+    wide = tmp_path / "wide.safetensors"
+    train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
+                        str(wide), "--init", str(first), "--draft-vocab", "384", "--lr", "0",
+                        *common])
+    w = load_file(str(wide))
+    assert w["draft_ids"].shape == (384,) and torch.equal(w["draft_ids"][:256], a["draft_ids"])
+    assert len(set(w["draft_ids"].tolist())) == 384
+    assert all(torch.equal(a[k], w[k]) for k in a if k != "draft_ids")
+    with pytest.raises(SystemExit, match="only be widened"):
+        train_chimera.main(["--model", small_vocab_model_path, "--tokens", "300", "--out",
+                            str(tmp_path / "narrow.safetensors"), "--init", str(first),
+                            "--draft-vocab", "128", *common])
     assert report["training"]["init"]["checkpoint"] == str(first)
     assert report["training"]["init"]["training"]["answer_tokens"] >= 300
     # with a learning rate it moves away from them

@@ -58,12 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "folder), made or extended where short")
     p.add_argument("--init", default=None, metavar="CKPT",
                    help="start from this checkpoint's weights, heads and draft vocabulary "
-                        "(made for the same model; --heads, --draft-vocab and --head-kind "
-                        "are then its own): more training on new answers")
+                        "(made for the same model; --heads and --head-kind are then its "
+                        "own, and a --draft-vocab larger than its own widens it): more "
+                        "training on new answers")
     p.add_argument("--labels", default="self", choices=["self", "teacher-forced"])
     p.add_argument("--heads", type=int, default=DEFAULTS["heads"])
-    p.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
-                   help="N most frequent tokens the heads draft over (0: all)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="N most frequent tokens the heads draft over (0: all; default "
+                        f"{DEFAULTS['draft_vocab']}, with --init the checkpoint's own; with "
+                        "--init a larger N keeps its tokens first and adds the training "
+                        "answers' next most frequent ones)")
     p.add_argument("--head-kind", default=DEFAULTS["head_kind"], choices=["shared", "paper"])
     p.add_argument("--epochs", type=float, default=DEFAULTS["epochs"])
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
@@ -362,10 +366,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # 4: draft vocabulary (a checkpoint to start from brings its own)
     counts = cd.token_counts(train_recs, stamp.vocab_size)
     start = load_checkpoint(args.init, stamp) if args.init else None
+    size = DEFAULTS["draft_vocab"] if args.draft_vocab is None else args.draft_vocab
     if start is not None:
-        vocab = start.vocab
-    elif args.draft_vocab > 0:
-        vocab = DraftVocab.from_counts(counts, args.draft_vocab)
+        vocab = widened_vocab(start, args.draft_vocab, counts)
+    elif size > 0:
+        vocab = DraftVocab.from_counts(counts, size)
     else:
         vocab = DraftVocab.full(stamp.vocab_size)
     held_counts = cd.token_counts(held_recs, stamp.vocab_size)
@@ -502,6 +507,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i, row in enumerate(final["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in row))
     return report
+
+
+def widened_vocab(start: Any, size: int | None, counts: Any) -> Any:
+    """The draft vocabulary of a checkpoint trained on (``--init``): its own, or widened to
+    ``size`` tokens (its own first, then the most frequent others of ``counts``). Only shared
+    heads (logits from the target's LM-head rows, §3.3) can draft over rows they did not
+    train on; the model is switched to the widened vocabulary here."""
+    own = start.vocab
+    if size is None or size == own.size:
+        return own
+    full = size == 0 or size >= own.vocab_size
+    if not full and size < own.size:
+        raise SystemExit(f"--draft-vocab {size}: the --init checkpoint drafts over {own.size} "
+                         "tokens; a vocabulary can only be widened (leave --draft-vocab out "
+                         "to keep its own)")
+    vocab = own.extended(counts, own.vocab_size if full else size)
+    try:
+        start.set_draft_vocab(vocab)
+    except ValueError as e:
+        raise SystemExit(f"--draft-vocab {size}: {e}") from None
+    return vocab
 
 
 def _summary(training: dict[str, Any]) -> dict[str, Any]:
