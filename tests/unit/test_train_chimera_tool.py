@@ -233,3 +233,19 @@ def test_deeper_heads_repeat_the_last_one_and_the_timed_path_weighs_steps():
     want = sum(r["steps_by_heads"][0] * r["tokens_per_step_path_by_heads"][0] for r in timed) \
         / sum(r["steps_by_heads"][0] for r in timed)
     assert timed_path(rows) == [round(want, 4)] and timed_path([]) == []
+
+
+def test_a_corpus_keeps_its_own_split(tmp_path):
+    import argparse
+    import json
+
+    from vllm_selfspec.offline import corpus
+
+    args = argparse.Namespace(seed=3, max_response_tokens=256, held_out=256)
+    # a new folder: --seed's split, float32 ShareGPT answers
+    new = train_chimera.corpus_limits(tmp_path, args)
+    assert (new.seed, new.dtype, new.prompts) == (3, "float32", corpus.SHAREGPT)
+    # a corpus made with another seed keeps its split, dtype and prompt sets
+    made = corpus.Limits(seed=1, dtype="bfloat16", prompts="sharegpt,logiqa")
+    (tmp_path / corpus.STAMP_FILE).write_text(json.dumps({"limits": made.to_json()}))
+    assert train_chimera.corpus_limits(tmp_path, args) == made

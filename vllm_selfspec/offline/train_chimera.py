@@ -101,7 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "top-1 per head and expected tokens per step are measured and a "
                         "checkpoint of that moment is saved (OUT-N.safetensors in the work "
                         "folder): the scaling curve of one run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="initial weights and batch order, and the held-out split of a corpus "
+                        "made here (an existing corpus keeps its own)")
     return p.parse_args(argv)
 
 
@@ -336,10 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     held_tokens = args.held_out_tokens
     if args.labels == "self":
         folder = Path(args.corpus) if args.corpus else work
-        # answers in the dtype and to the prompts of the corpus (float32 ShareGPT where new)
-        made = corpus.read_limits(folder)
-        limits = corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
-                               seed=args.seed, dtype=made.dtype, prompts=made.prompts)
+        limits = corpus_limits(folder, args)
         print(f"[1/6] prompts: {corpus.describe_prompts(limits.prompts)} (self responses)")
         bar = tqdm(total=args.tokens + held_tokens, desc="[2/6] target's greedy answers",
                    unit="tok")
@@ -507,6 +506,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i, row in enumerate(final["top_k"]):
         print(f"  head {i}: " + " ".join(f"{x:.3f}" for x in row))
     return report
+
+
+def corpus_limits(folder: Path, args: argparse.Namespace) -> Any:
+    """The limits answers are read (or made) with: the dtype, prompts and split of the corpus
+    in ``folder`` (float32 ShareGPT and ``--seed``'s split where it is new), this run's answer
+    and held-out limits (``corpus.check_stamp`` refuses a corpus they do not match)."""
+    from vllm_selfspec.offline import corpus
+
+    made = corpus.read_limits(folder)
+    seed = made.seed if corpus.read_stamp(folder) else args.seed
+    return corpus.Limits(max_tokens=args.max_response_tokens, held_out=args.held_out,
+                         seed=seed, dtype=made.dtype, prompts=made.prompts)
 
 
 def widened_vocab(start: Any, size: int | None, counts: Any) -> Any:
