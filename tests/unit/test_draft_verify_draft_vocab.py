@@ -146,8 +146,8 @@ def test_the_shipped_checkpoint_gives_the_embedded_model_its_most_frequent_token
     assert ArtifactRefs(stamp, **refs).load().draft_vocab[:4] == (198, 30, 253, 28)
     ids = load_draft_vocab_ids(ckpt, 4096)
     assert len(ids) == len(set(ids)) == 4096 and ids[:4] == [198, 30, 253, 28]
-    with pytest.raises(ArtifactError, match="at most 8192"):
-        resolve_draft_vocab({"draft_vocab": 10000}, ModelInfo(stamp, "m"), {})
+    with pytest.raises(ArtifactError, match="at most 16384"):
+        resolve_draft_vocab({"draft_vocab": 20000}, ModelInfo(stamp, "m"), {})
 
 
 def test_draft_vocab_scatter_round_trip():
