@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from vllm_selfspec.assets import resolve_model
     from vllm_selfspec.model_info import stamp_from_path
-    from vllm_selfspec.offline.chimera_data import read_records
+    from vllm_selfspec.offline.chimera_data import read_records, token_counts
     from vllm_selfspec.offline.corpus import TRAIN_FILE
     from vllm_selfspec.offline.train_chimera import Sequences, _shard_ids, _target_state
     from vllm_selfspec.proposers.chimera import load_checkpoint
@@ -345,10 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(args.work) if args.work else ckpt.with_name(ckpt.name + ".work")
     model = load_checkpoint(ckpt, stamp)
     if args.draft_vocab > model.cfg.draft_vocab_size:
-        counts = np.zeros(model.cfg.vocab_size, dtype=np.int64)
-        for rec in read_records(work / TRAIN_FILE):
-            counts += np.bincount(np.asarray(rec["response"], dtype=np.int64),
-                                  minlength=model.cfg.vocab_size)[: model.cfg.vocab_size]
+        counts = token_counts(list(read_records(work / TRAIN_FILE)), model.cfg.vocab_size)
         if not counts.any():
             raise SystemExit(f"--draft-vocab: no training answers in {work} to count tokens "
                              "from; give the corpus with --corpus")
