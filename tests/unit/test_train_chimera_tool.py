@@ -249,3 +249,29 @@ def test_a_corpus_keeps_its_own_split(tmp_path):
     made = corpus.Limits(seed=1, dtype="bfloat16", prompts="sharegpt,logiqa")
     (tmp_path / corpus.STAMP_FILE).write_text(json.dumps({"limits": made.to_json()}))
     assert train_chimera.corpus_limits(tmp_path, args) == made
+
+
+def test_skip_tokens_trains_on_the_later_records_only(small_vocab_model_path, tmp_path):
+    from vllm_selfspec.offline import chimera_data as cd
+    from vllm_selfspec.offline import corpus
+    from transformers import AutoTokenizer
+
+    common = ["--model", small_vocab_model_path, "--labels", "teacher-forced", "--heads", "2",
+              "--draft-vocab", "256", "--epochs", "1", "--held-out", "4",
+              "--held-out-tokens", "200", "--batch-tokens", "1024", "--max-seq", "256"]
+    full = train_chimera.main([*common, "--tokens", "600", "--out",
+                               str(tmp_path / "full.safetensors")])["training"]
+    later = train_chimera.main([*common, "--tokens", "600", "--skip-tokens", "300", "--out",
+                                str(tmp_path / "later.safetensors")])["training"]
+    # the records the trainer reads, in its order: the later run has the first ones' tokens less
+    tok = AutoTokenizer.from_pretrained(small_vocab_model_path)
+    convs, _ = cd.split(cd.sharegpt_prompts(), held_out=4, seed=0)
+    recs = corpus.take(cd.teacher_forced_records(tok, convs, 600, max_tokens=256), 600)
+    first = corpus.take(recs, 300)
+    assert 0 < len(first) < len(recs)
+    assert later["skipped_tokens"] == 300 and "skipped_tokens" not in full
+    assert later["sequences"] == full["sequences"] - len(first)
+    assert later["answer_tokens"] == full["answer_tokens"] - sum(len(r["response"]) for r in first)
+    with pytest.raises(SystemExit, match="leaves none"):
+        train_chimera.main([*common, "--tokens", "300", "--skip-tokens", "100000", "--out",
+                            str(tmp_path / "none.safetensors")])

@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m", help="alias, local folder or hub name")
     p.add_argument("--tokens", type=int, required=True,
                    help="response tokens to train on (the held-out split comes on top)")
+    p.add_argument("--skip-tokens", type=int, default=0,
+                   help="leave out the records that hold the corpus's first N answer tokens "
+                        "(counted in --tokens): with --init, a pass over the later answers "
+                        "without one more over the first ones")
     p.add_argument("--out", required=True, help="checkpoint file (.safetensors)")
     p.add_argument("--work", default=None,
                    help="trainer state, logs and report (default: OUT.work)")
@@ -355,6 +359,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tok, held, held_tokens, max_tokens=args.max_response_tokens), held_tokens)
         train_recs = corpus.take(cd.teacher_forced_records(
             tok, convs, args.tokens, max_tokens=args.max_response_tokens), args.tokens)
+    if args.skip_tokens:
+        skipped = corpus.take(train_recs, args.skip_tokens)
+        train_recs = train_recs[len(skipped):]
+        if not train_recs:
+            raise SystemExit(f"--skip-tokens {args.skip_tokens} leaves none of the "
+                             f"{args.tokens} answer tokens: ask for more --tokens")
+        print(f"leaving out the first {len(skipped)} records "
+              f"({sum(len(r['response']) for r in skipped)} answer tokens)")
     total = sum(len(r["prompt"]) + len(r["response"]) for r in train_recs + held_recs)
     with tqdm(total=total, desc="[3/6] target states", unit="tok") as bar:
         train_shards, held_shards = corpus.states(model_path, folder, train_recs, held_recs,
@@ -485,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **({"init": {"checkpoint": str(args.init), "training": _summary(init_meta["training"])}}
            if init_meta else {}),
         "labels": args.labels, "answer_tokens": train.num_tokens,
+        **({"skipped_tokens": args.skip_tokens} if args.skip_tokens else {}),
         **({"corpus": {k: v for k, v in (corpus.read_stamp(folder) or {}).items()
                        if k in ("prompts", "limits", "answers", "engine", "date")}}
            if args.labels == "self" else {}),
