@@ -252,9 +252,10 @@ def test_a_corpus_keeps_its_own_split(tmp_path):
 
 
 def test_skip_tokens_trains_on_the_later_records_only(small_vocab_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
     from vllm_selfspec.offline import chimera_data as cd
     from vllm_selfspec.offline import corpus
-    from transformers import AutoTokenizer
 
     common = ["--model", small_vocab_model_path, "--labels", "teacher-forced", "--heads", "2",
               "--draft-vocab", "256", "--epochs", "1", "--held-out", "4",

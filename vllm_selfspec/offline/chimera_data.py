@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +281,7 @@ def collect_states(model_path: str, records: list[dict[str, Any]], out_dir: Path
     return [out_dir / s["file"] for s in index["shards"]]
 
 
-def token_counts(records: list[dict[str, Any]], vocab_size: int) -> np.ndarray:
+def token_counts(records: Iterable[dict[str, Any]], vocab_size: int) -> np.ndarray:
     """How often each token occurs in the responses (the draft vocabulary's source)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for r in records:

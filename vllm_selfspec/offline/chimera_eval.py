@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = Path(args.work) if args.work else ckpt.with_name(ckpt.name + ".work")
     model = load_checkpoint(ckpt, stamp)
     if args.draft_vocab > model.cfg.draft_vocab_size:
-        counts = token_counts(list(read_records(work / TRAIN_FILE)), model.cfg.vocab_size)
+        counts = token_counts(read_records(work / TRAIN_FILE), model.cfg.vocab_size)
         if not counts.any():
             raise SystemExit(f"--draft-vocab: no training answers in {work} to count tokens "
                              "from; give the corpus with --corpus")
